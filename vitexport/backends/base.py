@@ -1,0 +1,75 @@
+"""One interface for every backend (PyTorch, ONNX Runtime, TensorRT): load, infer on a batch, close.
+
+A runner whose library, provider, artifact or device is missing raises BackendUnavailable from load();
+the bench lists it as "unavailable: <reason>" instead of failing. Heavy libraries are imported inside load().
+
+For timing, inference is split into stage (host -> device copy of the input), run (compute only, synchronized
+before it returns) and fetch (device -> host copy of the output), so latency and copy time are reported apart.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendUnavailable
+
+
+class Runner(ABC):
+    backend: str = "?"  # 'pytorch' | 'onnxruntime' | 'tensorrt'
+    precision: str = "fp32"  # 'fp32' | 'bf16' | 'fp16' | 'int8'
+    device: str = "cpu"  # 'cpu' | 'cuda'
+    provider: str = ""  # e.g. 'CPUExecutionProvider', 'eager', 'autocast-bf16'
+
+    def __init__(self) -> None:
+        self.loaded = False
+        self.info: dict[str, Any] = {}  # recorded in reports: threads, providers, artifact sha256, ...
+
+    @property
+    def name(self) -> str:
+        dev = "" if self.device == "cpu" and self.backend != "tensorrt" else f" {self.device}"
+        prov = f" {self.provider}" if self.provider and self.provider not in ("eager",) else ""
+        return f"{self.backend}{prov}{dev} {self.precision}".replace("  ", " ")
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    @abstractmethod
+    def load(self) -> None:
+        """Import the library, open the artifact, check the device. Raise BackendUnavailable(reason) if not possible."""
+
+    def close(self) -> None:
+        self.loaded = False
+
+    def __enter__(self) -> "Runner":
+        if not self.loaded:
+            self.load()
+            self.loaded = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- inference --------------------------------------------------------------------------------------
+    def stage(self, x: np.ndarray) -> Any:
+        """Put an input batch (B, 3, H, W) float32 where run() reads it. CPU backends: nothing to do."""
+        return x
+
+    @abstractmethod
+    def run(self, staged: Any) -> Any:
+        """Compute on a staged input; returns when the result is complete (GPU work synchronized)."""
+
+    def fetch(self, out: Any) -> np.ndarray:
+        """Bring an output to the host as float32 (B, C)."""
+        return np.asarray(out, dtype=np.float32)
+
+    def infer(self, x: np.ndarray) -> np.ndarray:
+        if not self.loaded:
+            raise BackendUnavailable(f"{self.name} is not loaded.")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 4:
+            raise ValueError(f"expected a (B, C, H, W) batch, got shape {x.shape}")
+        return self.fetch(self.run(self.stage(x)))
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (GPU backends)."""

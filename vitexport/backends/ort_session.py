@@ -1,0 +1,23 @@
+"""Creating ONNX Runtime sessions the same way everywhere (export check, calibration, bench)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import VitexportError
+
+
+def create_session(path: Path | str, providers: list[str] | None = None, threads: int | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    try:
+        return ort.InferenceSession(os.fspath(path), sess_options=so, providers=providers or ["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise VitexportError(f"ONNX Runtime could not load {path}: {first[:300]}") from None

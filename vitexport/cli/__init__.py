@@ -1,0 +1,27 @@
+"""The `vitexport` command: a click group with one small module per command."""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from .bench import bench_command
+from .onnx import onnx_command
+from .quantize import quantize_command
+from .trt import trt_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="vitexport")
+def cli() -> None:
+    """Vision Transformers from checkpoint to ONNX, FP16/INT8 and TensorRT, with proof of parity."""
+
+
+cli.add_command(onnx_command)
+cli.add_command(quantize_command)
+cli.add_command(trt_command)
+cli.add_command(bench_command)
+
+
+def main() -> None:
+    cli(prog_name="vitexport")

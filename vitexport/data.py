@@ -1,0 +1,152 @@
+"""Images -> model inputs. One implementation, shared by calibration, parity checks and bench, so they never disagree.
+
+Preprocessing follows timm's eval transform: resize (shorter side to size / crop_pct, or both sides for
+non-square inputs) with the manifest's interpolation, center crop to the input size, scale to [0, 1],
+normalise with mean/std. Grayscale, palette and RGBA images are converted to RGB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import VitexportError
+from .variants import Preprocess
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+_FILTERS = {"bicubic": 3, "bilinear": 2, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
+
+
+def preprocess_image(img, pp: Preprocess) -> np.ndarray:
+    """A PIL image -> (3, H, W) float32, normalised."""
+    from PIL import Image
+
+    if img.mode != "RGB":
+        if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
+            img = img.convert("RGBA")
+            background = Image.new("RGBA", img.size, (255, 255, 255, 255))
+            img = Image.alpha_composite(background, img)
+        img = img.convert("RGB")
+    th, tw = pp.input_size
+    resample = _FILTERS.get(pp.interpolation)
+    if resample is None:
+        raise VitexportError(f"Unknown interpolation {pp.interpolation!r} in the preprocessing config.")
+    w, h = img.size
+    if th == tw:
+        scale = math.floor(th / pp.crop_pct)
+        if w <= h:
+            nw, nh = scale, int(scale * h / w)
+        else:
+            nw, nh = int(scale * w / h), scale
+    else:
+        nh, nw = math.floor(th / pp.crop_pct), math.floor(tw / pp.crop_pct)
+    if (nw, nh) != (w, h):
+        img = img.resize((nw, nh), resample=resample)
+    top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
+    img = img.crop((left, top, left + tw, top + th))
+    x = np.asarray(img, dtype=np.float32) / 255.0  # (H, W, 3)
+    x = (x - np.asarray(pp.mean, dtype=np.float32)) / np.asarray(pp.std, dtype=np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))  # (3, H, W)
+
+
+def load_image(path: Path, pp: Preprocess) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return preprocess_image(img, pp)
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise VitexportError(f"Cannot read image {path}: {e.__class__.__name__}.") from None
+
+
+@dataclass
+class Dataset:
+    """Preprocessed inputs, with labels when the folder has one subfolder per class."""
+
+    x: np.ndarray  # (N, 3, H, W) float32
+    labels: np.ndarray | None  # (N,) int64
+    files: list[Path]
+    classes: list[str] | None
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def list_images(root: Path) -> list[Path]:
+    """Every image below `root`, recursively, in a deterministic order."""
+    return sorted(p for p in Path(root).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+                  and not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def select(files: list, n: int | None) -> list:
+    """Choose n items deterministically, spread evenly over the sorted list (not just the first n)."""
+    if n is None or n >= len(files):
+        return list(files)
+    idx = np.linspace(0, len(files) - 1, n).round().astype(int)
+    return [files[i] for i in sorted(set(idx.tolist()))]
+
+
+def load_folder(root: Path, pp: Preprocess, limit: int | None = None, progress=None) -> Dataset:
+    """Images (recursively) or .npy batches from a folder; labels from class subfolders (ImageFolder layout)."""
+    root = Path(root)
+    if not root.exists():
+        raise VitexportError(f"Data folder {root} does not exist.")
+    if root.is_file() and root.suffix == ".npy":
+        return _load_npy([root], pp, limit)
+    if not root.is_dir():
+        raise VitexportError(f"{root} is neither a folder of images nor a .npy file.")
+    files = list_images(root)
+    if not files:
+        npys = sorted(root.rglob("*.npy"))
+        if npys:
+            return _load_npy(npys, pp, limit)
+        raise VitexportError(f"Data folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
+    subdirs = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    labelled = bool(subdirs) and all(f.parent.parent == root for f in files)
+    files = select(files, limit)
+    xs = []
+    for f in files:
+        xs.append(load_image(f, pp))
+        if progress is not None:
+            progress()
+    x = np.stack(xs)
+    if labelled:
+        classes = subdirs
+        labels = np.array([classes.index(f.parent.name) for f in files], dtype=np.int64)
+        return Dataset(x, labels, files, classes, str(root))
+    return Dataset(x, None, files, None, str(root))
+
+
+def _load_npy(paths: list[Path], pp: Preprocess, limit: int | None) -> Dataset:
+    arrays = []
+    for p in paths:
+        try:
+            a = np.load(p, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise VitexportError(f"Cannot read {p}: {e.__class__.__name__}.") from None
+        if a.ndim == 3:
+            a = a[None]
+        want = (3, *pp.input_size)
+        if a.ndim != 4 or tuple(a.shape[1:]) != want:
+            raise VitexportError(f"{p} has shape {a.shape}; expected (N, {want[0]}, {want[1]}, {want[2]}) "
+                                 "preprocessed inputs.")
+        arrays.append(a.astype(np.float32))
+    x = np.concatenate(arrays)
+    if limit is not None and limit < len(x):
+        x = x[select(list(range(len(x))), limit)]
+    return Dataset(x, None, list(paths), None, ",".join(map(str, paths)))
+
+
+def files_digest(files: list[Path]) -> str:
+    """Content hash of a list of files (names relative to their common folder, and bytes)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(hashlib.sha256(Path(f).read_bytes()).digest())
+    return h.hexdigest()

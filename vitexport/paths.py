@@ -1,0 +1,55 @@
+"""Where shipped data and default artifacts live."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+_PKG_PARENT = Path(__file__).resolve().parents[1]
+
+
+def project_root() -> Path:
+    """The source checkout when running from one (editable install), else the working directory."""
+    if (_PKG_PARENT / "pyproject.toml").is_file() and (_PKG_PARENT / "calibration").is_dir():
+        return _PKG_PARENT
+    return Path.cwd()
+
+
+def artifacts_dir() -> Path:
+    """Default artifact folder: ./models (relative to where the command runs)."""
+    return Path(os.environ.get("VITEXPORT_MODELS", "models"))
+
+
+def shipped(*parts: str) -> Path:
+    return project_root().joinpath(*parts)
+
+
+DIGITS_CHECKPOINT = ("models", "digits", "vit_digits_patch4_32.safetensors")
+DIGITS_HELDOUT = ("calibration", "digits", "heldout")
+DIGITS_CALIB = ("calibration", "digits", "calib")
+PHOTOS_CALIB = ("calibration", "photos", "calib")
+PHOTOS_HOLDOUT = ("calibration", "photos", "holdout")
+
+
+@contextmanager
+def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside `final`; rename it into place only if the block succeeds."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=suffix or ".tmp", dir=final.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, final)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
