@@ -61,6 +61,12 @@ class BuiltModel:
     notes: list[str] = field(default_factory=list)
 
 
+def build_config(spec: ModelSpec):
+    """The model config a spec gives, without reading weights (the checkpoint's class count aside)."""
+    variant = get_variant(spec.variant)
+    return variant.config(img_size=spec.img_size, num_classes=spec.num_classes)
+
+
 def build(spec: ModelSpec) -> BuiltModel:
     """Build the reference model and load its weights (random but deterministic without a checkpoint)."""
     if spec.pos_embed_interp not in METHODS:

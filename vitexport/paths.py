@@ -42,6 +42,9 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=suffix or ".tmp", dir=final.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600 files; final artifacts get the usual mode
     try:
         yield tmp_path
         os.replace(tmp_path, final)

@@ -68,3 +68,60 @@ quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress out
 
 def make_log(quiet: bool) -> Log:
     return Log(quiet=quiet)
+
+
+def target_options(fn):
+    """MODEL_DIR argument or --model etc.: which exported model a command works on."""
+    fn = model_options(fn)
+    return click.argument("model_path", required=False, type=click.Path(path_type=Path), metavar="[MODEL_DIR|ONNX]")(fn)
+
+
+def calib_options(fn):
+    """Options of the precision step, shared by `quantize` and `trt`."""
+    from ..precision.convert import METHODS
+
+    for dec in reversed([
+        click.option("--calib-data", type=click.Path(path_type=Path), default=None,
+                     help="Calibration images (recursive; jpg/png/webp/bmp) or .npy batches. "
+                          "Default: the shipped set for the model."),
+        click.option("--calib-samples", type=int, default=None, help="Use N calibration inputs (chosen evenly)."),
+        click.option("--calib-method", type=click.Choice(METHODS), default="percentile", show_default=True),
+        click.option("--percentile", type=float, default=99.999, show_default=True,
+                     help="Percentile for --calib-method percentile."),
+        click.option("--quantize-attention", is_flag=True,
+                     help="Also quantize the attention matrix products (Q.K^T, A.V)."),
+        click.option("--exclude-node", multiple=True, help="Keep this node in float (repeatable)."),
+        click.option("--exclude-block", type=int, multiple=True, help="Keep transformer block N in float (repeatable)."),
+        click.option("--keep-fp32", default="LayerNormalization,Softmax", show_default=True, metavar="OP[,OP]",
+                     help="FP16: op types kept in FP32 ('' for none)."),
+        click.option("--check-data", type=click.Path(path_type=Path), default=None,
+                     help="Held-out images for the parity check. Default: the shipped held-out set."),
+        click.option("--no-check", is_flag=True, help="Skip the parity check against FP32."),
+    ]):
+        fn = dec(fn)
+    return fn
+
+
+def calib_from(calib_data, calib_samples, calib_method, percentile, quantize_attention, exclude_node,
+               exclude_block, keep_fp32, check_data, no_check):
+    from ..precision import CalibOptions
+    from ..precision.convert import Int8Settings
+
+    if not 0 < percentile <= 100:
+        raise click.BadParameter("must be in (0, 100]", param_hint="--percentile")
+    return CalibOptions(
+        data=calib_data, samples=calib_samples,
+        int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
+                          exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block)),
+        keep_fp32=tuple(op.strip() for op in keep_fp32.split(",") if op.strip()),
+        check=not no_check, check_data=check_data,
+    )
+
+
+CALIB_KEYS = ("calib_data", "calib_samples", "calib_method", "percentile", "quantize_attention", "exclude_node",
+              "exclude_block", "keep_fp32", "check_data", "no_check")
+MODEL_KEYS = ("variant", "checkpoint", "img_size", "num_classes", "pos_embed_interp")
+
+
+def pop_keys(kwargs: dict, keys) -> dict:
+    return {k: kwargs.pop(k) for k in keys}

@@ -1,0 +1,13 @@
+"""FP16 and INT8 prepared in the ONNX graph (TensorRT 11 takes precision from the graph's types and Q/DQ nodes).
+
+- FP16: mixed precision with FP32 inputs/outputs; LayerNormalization and Softmax kept FP32 by default.
+- INT8: explicit, symmetric Q/DQ (every zero point 0), per-channel weights, calibrated on real images,
+  with a content-addressed calibration cache.
+
+After each conversion the new model is run against the FP32 ONNX on held-out images (never the calibration
+images) and judged with the per-precision thresholds of vitexport.compare.
+"""
+
+from .pipeline import CalibOptions, PrecisionResult, prepare_precision, run_quantize
+
+__all__ = ["CalibOptions", "PrecisionResult", "prepare_precision", "run_quantize"]
