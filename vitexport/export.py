@@ -370,3 +370,23 @@ def _relink_external_data(onnx_path: Path, location: str) -> None:
 
 def random_inputs(batch: int, cfg, seed: int = 0) -> np.ndarray:
     return torch.randn(batch, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(seed)).numpy()
+
+
+def model_from_manifest(manifest: dict) -> VisionTransformer:
+    """Rebuild the PyTorch model an export was made from (same config, same weights)."""
+    from .model import ViTConfig
+
+    cfg_dict = dict(manifest["config"])
+    cfg = ViTConfig(**cfg_dict)
+    ck = manifest.get("checkpoint")
+    if not ck:
+        return build_model(cfg, seed=int(manifest.get("seed") or 0))
+    path = Path(ck["path"])
+    if not path.exists():
+        raise VitexportError(f"the checkpoint {path} named in the manifest is gone")
+    ckpt = load_checkpoint(path)
+    if ckpt.sha256 != ck["sha256"]:
+        raise VitexportError(f"the checkpoint {path} changed since the export (sha256 differs)")
+    model = build_model(cfg)
+    load_into(model, ckpt, manifest.get("pos_embed_interp", DEFAULT_METHOD))
+    return model.eval()

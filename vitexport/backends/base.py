@@ -29,9 +29,12 @@ class Runner(ABC):
 
     @property
     def name(self) -> str:
-        dev = "" if self.device == "cpu" and self.backend != "tensorrt" else f" {self.device}"
-        prov = f" {self.provider}" if self.provider and self.provider not in ("eager",) else ""
-        return f"{self.backend}{prov}{dev} {self.precision}".replace("  ", " ")
+        """'pytorch cpu fp32', 'pytorch cpu bf16', 'onnxruntime cpu int8', 'onnxruntime trt-ep fp16', 'tensorrt gpu fp16'."""
+        return f"{self.backend} {self.where} {self.precision}"
+
+    @property
+    def where(self) -> str:
+        return self.device
 
     # -- lifecycle --------------------------------------------------------------------------------------
     @abstractmethod

@@ -1,0 +1,161 @@
+"""TensorRT runner: a plan built by `vitexport trt`, run on the current CUDA stream with torch tensors as buffers.
+
+load() refuses, with the reason, before TensorRT sees the plan: no TensorRT / no GPU, a missing or unreadable
+sidecar, a plan built with another TensorRT version or for another compute capability, or a plan whose bytes
+are not the ones its sidecar describes. Device memory is plain torch CUDA tensors (no pycuda).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..engine.env import current_env, require_trt_and_gpu
+from ..engine.options import (EngineUnavailable, check_batch, check_compatibility, precision_from_plan_name,
+                              read_sidecar, rebuild_command, sidecar_for)
+from ..errors import BackendUnavailable, VitexportError
+from .base import Runner
+
+if TYPE_CHECKING:
+    import tensorrt as trt
+
+
+class TensorRTRunner(Runner):
+    backend = "tensorrt"
+    device = "cuda"
+    provider = ""
+
+    def __init__(self, plan_path: Path | str, precision: str | None = None) -> None:
+        super().__init__()
+        self.plan_path = Path(plan_path)
+        self.sidecar_path = sidecar_for(self.plan_path)
+        self.precision = precision or precision_from_plan_name(self.plan_path) or "fp32"
+        self.warnings: list[str] = []
+        self._runtime: trt.Runtime | None = None
+        self._engine: trt.ICudaEngine | None = None
+        self._context: trt.IExecutionContext | None = None
+        self._input = ""
+        self._output = ""
+        self._batch_range = (1, 1)
+        self._chw: tuple[int, ...] = ()
+        self._in_dtype: Any = None
+        self._out_dtype: Any = None
+        self._out_buffers: dict[tuple[int, ...], Any] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def _check_plan(self, version: str, gpu: dict[str, Any]) -> bytes:
+        """The plan's bytes, once its sidecar says it was built for this TensorRT and this GPU."""
+        rebuild = rebuild_command(self.precision, self.plan_path.parent)
+        if not self.plan_path.is_file():
+            raise BackendUnavailable(f"{self.plan_path} does not exist; build it with `{rebuild}`.")
+        try:
+            sidecar = read_sidecar(self.sidecar_path)
+        except VitexportError as e:
+            raise BackendUnavailable(str(e)) from None
+        verdict = check_compatibility(sidecar, current_env(version, gpu), self.plan_path.parent)
+        if not verdict.ok:
+            raise BackendUnavailable(verdict.message)
+        if verdict.message:
+            self.warnings.append(verdict.message)
+        plan = self.plan_path.read_bytes()
+        if hashlib.sha256(plan).hexdigest() != sidecar["plan_sha256"]:
+            raise BackendUnavailable(f"{self.plan_path.name} is not the plan its sidecar {self.sidecar_path.name} "
+                                     f"describes (sha256 differs); rebuild with `{rebuild}`.")
+        self.precision = str(sidecar.get("precision", self.precision))
+        self.info.update({"plan": str(self.plan_path), "plan_sha256": sidecar["plan_sha256"],
+                          "tensorrt": version, "gpu": gpu.get("name"),
+                          "compute_capability": gpu.get("compute_capability"),
+                          "profile": sidecar.get("profile"), "source_onnx_sha256": sidecar.get("source_onnx_sha256")})
+        return plan
+
+    def load(self) -> None:
+        try:
+            version, gpu = require_trt_and_gpu()
+        except EngineUnavailable as e:
+            raise BackendUnavailable(str(e), e.exit_code) from None
+        plan = self._check_plan(version, gpu)
+
+        import tensorrt as trt
+        import torch
+
+        torch_dtypes = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16,
+                        trt.DataType.BF16: torch.bfloat16, trt.DataType.INT8: torch.int8,
+                        trt.DataType.INT32: torch.int32, trt.DataType.INT64: torch.int64}
+        logger = trt.Logger(trt.Logger.WARNING)
+        runtime = trt.Runtime(logger)
+        engine = runtime.deserialize_cuda_engine(plan)
+        if engine is None:
+            raise BackendUnavailable(f"TensorRT could not deserialize {self.plan_path.name} (see its log above); "
+                                     f"rebuild with `{rebuild_command(self.precision, self.plan_path.parent)}`.")
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        if len(inputs) != 1 or not outputs:
+            raise BackendUnavailable(f"{self.plan_path.name} has inputs {inputs} and outputs {outputs}; "
+                                     f"a ViT engine has one image input and a logits output.")
+        self._input, self._output = inputs[0], outputs[0]
+        mn, _opt, mx = engine.get_tensor_profile_shape(self._input, 0)
+        self._batch_range = (int(mn[0]), int(mx[0]))
+        self._chw = tuple(int(mn[i]) for i in range(1, len(mn)))
+        in_dt, out_dt = engine.get_tensor_dtype(self._input), engine.get_tensor_dtype(self._output)
+        if in_dt not in torch_dtypes or out_dt not in torch_dtypes:
+            raise BackendUnavailable(f"{self.plan_path.name} has I/O types {in_dt} / {out_dt}, which this runner "
+                                     f"cannot bind.")
+        self._in_dtype, self._out_dtype = torch_dtypes[in_dt], torch_dtypes[out_dt]
+        context = engine.create_execution_context()
+        if context is None:
+            raise BackendUnavailable(f"TensorRT could not create an execution context for {self.plan_path.name} "
+                                     f"(out of GPU memory?).")
+        self._runtime, self._engine, self._context = runtime, engine, context
+        self._logger = logger  # TensorRT objects keep a reference, but the logger must outlive them
+        self.info.update({"input": self._input, "output": self._output, "batch_range": list(self._batch_range),
+                          "io_dtypes": [str(in_dt), str(out_dt)]})
+        self.loaded = True
+
+    def close(self) -> None:
+        self._out_buffers.clear()
+        self._context = self._engine = self._runtime = None
+        self.loaded = False
+
+    # -- inference --------------------------------------------------------------------------------------
+    def stage(self, x: np.ndarray) -> Any:
+        import torch
+
+        check_batch(int(x.shape[0]), *self._batch_range, self.plan_path.name)
+        if tuple(x.shape[1:]) != self._chw:
+            raise VitexportError(f"{self.plan_path.name} takes images of shape {self._chw}, got {tuple(x.shape[1:])}.")
+        return torch.from_numpy(np.ascontiguousarray(x)).to(device="cuda", dtype=self._in_dtype).contiguous()
+
+    def run(self, staged: Any) -> Any:
+        import torch
+
+        context = self._context
+        if context is None:
+            raise BackendUnavailable(f"{self.name} is not loaded.")
+        shape = tuple(int(d) for d in staged.shape)
+        check_batch(shape[0], *self._batch_range, self.plan_path.name)
+        if not context.set_input_shape(self._input, shape):
+            raise VitexportError(f"TensorRT rejected the input shape {shape} for {self.plan_path.name}.")
+        dims = context.get_tensor_shape(self._output)
+        out_shape = tuple(int(dims[i]) for i in range(len(dims)))
+        out = self._out_buffers.get(out_shape)
+        if out is None:
+            out = self._out_buffers[out_shape] = torch.empty(out_shape, dtype=self._out_dtype, device="cuda")
+        context.set_tensor_address(self._input, int(staged.data_ptr()))
+        context.set_tensor_address(self._output, int(out.data_ptr()))
+        stream = torch.cuda.current_stream()
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise VitexportError(f"TensorRT failed to run {self.plan_path.name} at batch {shape[0]}.")
+        stream.synchronize()
+        return out  # a buffer reused by the next run() of this shape: fetch() copies it out
+
+    def fetch(self, out: Any) -> np.ndarray:
+        return out.float().cpu().numpy()
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()

@@ -1,0 +1,85 @@
+"""`vitexport trt` as a library call: prepare the ONNX for the precision, build, write plan + sidecar atomically.
+
+Order matters: options are validated first (cheap, before any work), then the FP16/INT8 ONNX is prepared
+(it is useful on its own, so it is produced even where TensorRT is missing), then TensorRT and the GPU are
+required (exit 4 / 5), then the engine is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..checkpoints import sha256_file
+from ..errors import VitexportError
+from ..paths import atomic_path
+from ..progress import QUIET, Log
+from .env import require_trt_and_gpu
+from .options import BuildOptions, make_sidecar, onnx_for_precision, plan_paths, write_sidecar
+
+PrepareOnnx = Callable[[str], Path]  # precision -> the ONNX that carries it (exporting / converting as needed)
+BuildFn = Callable[[Path, BuildOptions, Log], tuple[bytes, dict[str, Any]]]
+
+
+@dataclass
+class TrtResult:
+    plan_path: Path
+    sidecar_path: Path
+    sidecar: dict[str, Any]
+    onnx_path: Path
+    build_seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+def _default_build(onnx_path: Path, opts: BuildOptions, log: Log) -> tuple[bytes, dict[str, Any]]:
+    from .trt_build import build_engine  # imports tensorrt: only once we know it is there
+
+    return build_engine(onnx_path, opts, log)
+
+
+def _onnx_digest(onnx_path: Path) -> str:
+    """sha256 of the ONNX file, folding in its external data file when it has one (model.onnx.data)."""
+    digest = sha256_file(onnx_path)
+    data = onnx_path.with_name(onnx_path.name + ".data")
+    if data.is_file():
+        digest = hashlib.sha256(f"{digest}:{sha256_file(data)}".encode()).hexdigest()
+    return digest
+
+
+def run_trt(model_dir: Path, opts: BuildOptions, log: Log = QUIET, prepare_onnx: PrepareOnnx | None = None,
+            build: BuildFn | None = None) -> TrtResult:
+    """Build model.<precision>.plan (+ .plan.json) in `model_dir`.
+
+    prepare_onnx(precision) -> Path runs the precision step when needed (the CLI passes one that exports first);
+    without it the ONNX must already be in the folder. `build` replaces the TensorRT build (tests).
+    """
+    opts.validate()
+    model_dir = Path(model_dir)
+    onnx_path = Path(prepare_onnx(opts.precision)) if prepare_onnx is not None \
+        else onnx_for_precision(model_dir, opts.precision)
+    if not onnx_path.is_file():
+        flag = "" if opts.precision == "fp32" else f" and `vitexport quantize --{opts.precision}`"
+        raise VitexportError(f"{onnx_path} does not exist; make it with `vitexport onnx`{flag} first.")
+    trt_version, gpu = require_trt_and_gpu()
+    log.info(f"TensorRT {trt_version} on {gpu['name']} (compute capability {gpu['compute_capability']}).")
+
+    onnx_sha = _onnx_digest(onnx_path)
+    t0 = time.perf_counter()
+    plan, info = (build or _default_build)(onnx_path, opts, log)
+    seconds = time.perf_counter() - t0
+    plan_path, sidecar_path = plan_paths(model_dir, opts.precision)
+    sidecar = make_sidecar(
+        plan_path=plan_path, plan_sha256=hashlib.sha256(plan).hexdigest(), plan_bytes=len(plan),
+        onnx_path=onnx_path, onnx_sha256=onnx_sha, opts=opts, input_name=info["input_name"], chw=info["chw"],
+        output_names=info.get("output_names", []), tensorrt_version=info.get("tensorrt_version", trt_version),
+        gpu=gpu, build_seconds=seconds, build_info=info)
+    # both files go to temporaries first; a failure leaves the previous pair (or nothing) in place. Readers
+    # also check plan_sha256, so even a crash between the two renames cannot pass a stale pair off as current.
+    with atomic_path(plan_path) as tmp_plan:
+        tmp_plan.write_bytes(plan)
+        write_sidecar(sidecar_path, sidecar)
+    log.info(f"Wrote {plan_path} ({len(plan) / 2**20:.1f} MiB) and {sidecar_path.name} in {seconds:.1f}s.")
+    return TrtResult(plan_path, sidecar_path, sidecar, onnx_path, seconds)

@@ -1,0 +1,175 @@
+"""Bench reports: a terminal table, and JSON / Markdown / CSV / PNG files."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+from .bench import BenchReport, BackendResult
+from .errors import VitexportError
+from .paths import atomic_path, write_text_atomic
+
+
+def _fmt(v, spec: str, none: str = "-") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return none
+    return format(v, spec)
+
+
+def rows(report: BenchReport) -> list[dict]:
+    """One flat row per available backend x batch size (the CSV and Markdown body)."""
+    out = []
+    for r in report.results:
+        if not r.available:
+            continue
+        p = r.parity or {}
+        for lat in r.latency or [None]:
+            out.append({
+                "backend": r.name, "precision": r.precision, "device": r.device,
+                "batch": lat.batch if lat else None,
+                "mean_ms": lat.mean_ms if lat else None, "p50_ms": lat.p50_ms if lat else None,
+                "p90_ms": lat.p90_ms if lat else None, "p99_ms": lat.p99_ms if lat else None,
+                "throughput": lat.throughput if lat else None,
+                "vs_reference": lat.relative_to_reference if lat else None,
+                "h2d_ms": lat.h2d_ms if lat else None,
+                "max_abs": p.get("max_abs"), "mean_abs": p.get("mean_abs"), "cos_min": p.get("cos_min"),
+                "cos_mean": p.get("cos_mean"), "top1_agree": p.get("top1_agree"), "top5_agree": p.get("top5_agree"),
+                "acc": p.get("acc"), "parity": "pass" if p.get("passed") else "FAIL",
+            })
+    return out
+
+
+def print_table(report: BenchReport, console=None) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    # a pipe or a file gets the whole table, not one squeezed to 80 columns
+    console = console or Console(width=None if sys.stdout.isatty() else 170)
+    m = report.model
+    title = (f"{m['variant']} {m['img_size'][0]}x{m['img_size'][1]} - {report.data['n_parity']} inputs from "
+             f"{report.data['source']} - reference: {report.reference}")
+    t = Table(title=title, title_justify="left")
+    labelled = report.data["labelled"]
+    for col, kw in [("backend", {}), ("batch", {"justify": "right"}), ("mean ms", {"justify": "right"}),
+                    ("p50", {"justify": "right"}), ("p99", {"justify": "right"}), ("img/s", {"justify": "right"}),
+                    ("vs ref", {"justify": "right"}), ("max abs", {"justify": "right"}),
+                    ("cos min", {"justify": "right"}), ("top-1 agree", {"justify": "right"})] + (
+            [("top-1 acc", {"justify": "right"})] if labelled else []) + [("parity", {})]:
+        t.add_column(col, **kw)
+    for row in rows(report):
+        cells = [row["backend"], _fmt(row["batch"], "d"), _fmt(row["mean_ms"], ".2f"), _fmt(row["p50_ms"], ".2f"),
+                 _fmt(row["p99_ms"], ".2f"), _fmt(row["throughput"], ".1f"), _fmt(row["vs_reference"], ".2f") + "x",
+                 _fmt(row["max_abs"], ".2e"), _fmt(row["cos_min"], ".5f"), _fmt(row["top1_agree"], ".1%")]
+        if labelled:
+            cells.append(_fmt(row["acc"], ".2%"))
+        cells.append("[green]pass[/green]" if row["parity"] == "pass" else "[red]FAIL[/red]")
+        t.add_row(*cells)
+    console.print(t)
+    for r in report.results:
+        if not r.available:
+            console.print(f"  [dim]{r.name}: unavailable: {escape(r.reason)}[/dim]")
+        elif r.parity and not r.parity["passed"]:
+            console.print(f"  [red]{r.name}: parity miss: {escape('; '.join(r.parity['failures']))}[/red]")
+    env = report.environment
+    console.print(f"  CPU: {escape(env['cpu'])} ({env['threads']} threads); GPU: "
+                  f"{env['gpu']['name'] if env['gpu'] else 'none'}; wall time {report.wall_s:.0f}s")
+
+
+def to_json(report: BenchReport) -> str:
+    def clean(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None  # JSON has no NaN: a missing figure is null
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        return o
+
+    return json.dumps(clean(report.to_dict()), indent=2, allow_nan=False) + "\n"
+
+
+def to_markdown(report: BenchReport) -> str:
+    m, env = report.model, report.environment
+    lines = [
+        f"# vitexport bench: {m['variant']} at {m['img_size'][0]}x{m['img_size'][1]}", "",
+        f"- created: {report.created} (vitexport {report.vitexport_version}), wall time {report.wall_s:.0f} s",
+        f"- weights: {'random (latency is real, accuracy meaningless)' if m['random_weights'] else m['checkpoint']['path']}",
+        f"- inputs: {report.data['n_parity']} from `{report.data['source']}`"
+        + (" (labelled)" if report.data["labelled"] else ""),
+        f"- reference: {report.reference}",
+        f"- CPU: {env['cpu']}, {env['cores']} cores, {env['threads']} threads; GPU: "
+        f"{env['gpu']['name'] if env['gpu'] else 'none'}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v), "",
+        "| backend | batch | mean ms | p50 ms | p90 ms | p99 ms | img/s | vs reference | max abs | cos min | "
+        "top-1 agree | top-1 acc | parity |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows(report):
+        lines.append(
+            f"| {r['backend']} | {_fmt(r['batch'], 'd')} | {_fmt(r['mean_ms'], '.2f')} | {_fmt(r['p50_ms'], '.2f')} | "
+            f"{_fmt(r['p90_ms'], '.2f')} | {_fmt(r['p99_ms'], '.2f')} | {_fmt(r['throughput'], '.1f')} | "
+            f"{_fmt(r['vs_reference'], '.2f')}x | {_fmt(r['max_abs'], '.2e')} | {_fmt(r['cos_min'], '.5f')} | "
+            f"{_fmt(r['top1_agree'], '.1%')} | {_fmt(r['acc'], '.2%')} | {r['parity']} |")
+    unavailable = [r for r in report.results if not r.available]
+    if unavailable:
+        lines += ["", "Unavailable:", ""] + [f"- {r.name}: {r.reason}" for r in unavailable]
+    failed = [r for r in report.results if r.available and r.parity and not r.parity["passed"]]
+    if failed:
+        lines += ["", "Parity misses:", ""] + [f"- {r.name}: {'; '.join(r.parity['failures'])}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(report: BenchReport) -> str:
+    buf = io.StringIO()
+    data = rows(report)
+    if data:
+        w = csv.DictWriter(buf, fieldnames=list(data[0]))
+        w.writeheader()
+        w.writerows(data)
+    return buf.getvalue()
+
+
+def plot(report: BenchReport, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise VitexportError("--plot needs matplotlib: pip install 'vitexport[plot]'.") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in report.results:
+        if r.available and r.latency:
+            ax.plot([lt.batch for lt in r.latency], [lt.throughput for lt in r.latency], marker="o", label=r.name)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("images / s")
+    ax.set_xscale("log", base=2)
+    m = report.model
+    ax.set_title(f"{m['variant']} {m['img_size'][0]}x{m['img_size'][1]} throughput")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(Path(path), suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(report: BenchReport, json_path=None, markdown_path=None, csv_path=None, plot_path=None) -> list[Path]:
+    written = []
+    for path, render in ((json_path, to_json), (markdown_path, to_markdown), (csv_path, to_csv)):
+        if path:
+            write_text_atomic(Path(path), render(report))
+            written.append(Path(path))
+    if plot_path:
+        plot(report, Path(plot_path))
+        written.append(Path(plot_path))
+    return written
+
+
+__all__ = ["BackendResult", "plot", "print_table", "rows", "to_csv", "to_json", "to_markdown", "write_outputs"]
