@@ -111,7 +111,7 @@ def _read_raw(path: Path) -> dict[str, torch.Tensor | np.ndarray]:
         if kind == "safetensors":
             from safetensors.torch import load_file
 
-            return dict(load_file(str(path)))
+            return _strip_module(dict(load_file(str(path))))
         if kind == "npz":
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
@@ -140,8 +140,13 @@ def _unwrap(obj: object, path: Path) -> dict[str, torch.Tensor]:
     sd = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     if not sd:
         raise VitexportError(f"Checkpoint {path} holds no tensors.")
-    if all(k.startswith("module.") for k in sd):
-        sd = {k[len("module."):]: v for k, v in sd.items()}
+    return _strip_module(sd)
+
+
+def _strip_module(sd: dict) -> dict:
+    """DataParallel / DDP checkpoints prefix every name with 'module.'."""
+    if sd and all(k.startswith("module.") for k in sd):
+        return {k[len("module."):]: v for k, v in sd.items()}
     return sd
 
 
