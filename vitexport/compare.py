@@ -77,6 +77,7 @@ class Thresholds:
 
     max_abs: float | None = None
     cos_min: float | None = None
+    cos_mean: float | None = None
     top1_agree: float | None = None
     acc_drop: float | None = None  # max allowed drop of top-1 accuracy in points (percent), when labelled
 
@@ -89,6 +90,8 @@ class Thresholds:
             fails.append(f"max abs diff {s.max_abs:.3g} > {self.max_abs:g}")
         if self.cos_min is not None and s.cos_min < self.cos_min:
             fails.append(f"min cosine {s.cos_min:.5f} < {self.cos_min:g}")
+        if self.cos_mean is not None and s.cos_mean < self.cos_mean:
+            fails.append(f"mean cosine {s.cos_mean:.5f} < {self.cos_mean:g}")
         if self.top1_agree is not None and s.top1_agree < self.top1_agree:
             fails.append(f"top-1 agreement {s.top1_agree:.1%} < {self.top1_agree:.0%}")
         if self.acc_drop is not None and s.acc is not None and s.acc_ref is not None:
@@ -103,10 +106,10 @@ class Thresholds:
 
 # Defaults per precision. Why these numbers: docs/PARITY.md.
 DEFAULT_THRESHOLDS: dict[str, Thresholds] = {
-    "fp32": Thresholds(max_abs=1e-3, cos_min=0.99999, top1_agree=0.99),
-    "bf16": Thresholds(cos_min=0.99, top1_agree=0.80, acc_drop=1.0),
-    "fp16": Thresholds(cos_min=0.999, top1_agree=0.90, acc_drop=0.5),
-    "int8": Thresholds(cos_min=0.98, acc_drop=1.5),
+    "fp32": Thresholds(max_abs=1e-3, cos_min=0.99999),
+    "bf16": Thresholds(cos_min=0.99, cos_mean=0.995, acc_drop=1.0),
+    "fp16": Thresholds(cos_min=0.999, cos_mean=0.9995, acc_drop=0.5),
+    "int8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5),
 }
 
 

@@ -58,8 +58,9 @@ class TensorRTRunner(Runner):
         verdict = check_compatibility(sidecar, current_env(version, gpu), self.plan_path.parent)
         if not verdict.ok:
             raise BackendUnavailable(verdict.message)
-        if verdict.message:
+        if verdict.message:  # another GPU of the same compute capability: runs, tuned for the other one
             self.warnings.append(verdict.message)
+            self.info["compatibility"] = verdict.message
         plan = self.plan_path.read_bytes()
         if hashlib.sha256(plan).hexdigest() != sidecar["plan_sha256"]:
             raise BackendUnavailable(f"{self.plan_path.name} is not the plan its sidecar {self.sidecar_path.name} "

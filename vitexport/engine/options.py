@@ -90,7 +90,8 @@ class BuildOptions:
             w = self.workspace_gib
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
                 raise VitexportError(f"--workspace must be a positive number of GiB, got {w!r}.")
-        if self.opt_level is not None and (isinstance(self.opt_level, bool) or self.opt_level not in OPT_LEVELS):
+        if self.opt_level is not None and (isinstance(self.opt_level, bool) or not isinstance(self.opt_level, int)
+                                           or self.opt_level not in OPT_LEVELS):
             raise VitexportError(f"--opt-level must be one of 0-5, got {self.opt_level!r}.")
         if self.timing_cache is not None:
             tc = Path(self.timing_cache)
@@ -176,9 +177,9 @@ def precision_from_plan_name(plan_path: Path) -> str | None:
 
 
 def rebuild_command(precision: str, folder: Path | str | None = None) -> str:
-    """The command that rebuilds a plan, for error messages."""
-    where = f" --output {folder}" if folder is not None else ""
-    return f"vitexport trt --{precision}{where}"
+    """The command that rebuilds a plan, for error messages: `vitexport trt [MODEL_DIR] --<precision>`."""
+    where = f" {folder}" if folder is not None else ""
+    return f"vitexport trt{where} --{precision}"
 
 
 # -- sidecar --------------------------------------------------------------------------------------------------

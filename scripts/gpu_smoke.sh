@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# End-to-end check on a machine with an NVIDIA GPU and TensorRT (>= 10.1):
+#   export -> trt --fp16 -> trt --int8 -> bench --strict, for the digits model and ViT-B/16.
+# Exits non-zero on the first failure: a command that fails, a parity miss (bench --strict), or a TensorRT
+# engine that the bench could not load or run (it would otherwise show as "unavailable" and pass).
+#
+#   bash scripts/gpu_smoke.sh                  # artifacts under ./smoke-models (VITEXPORT_MODELS)
+#   MODELS="vit_digits_patch4_32" bash scripts/gpu_smoke.sh
+set -euo pipefail
+
+out="${VITEXPORT_MODELS:-smoke-models}"
+models="${MODELS:-vit_digits_patch4_32:32x32 vit_base_patch16_224:224x224}"
+vitexport="${VITEXPORT:-python -m vitexport}"
+export VITEXPORT_MODELS="$out"
+
+step() { printf '\n== %s\n' "$*" >&2; }
+fail() { printf 'gpu_smoke: FAILED: %s\n' "$*" >&2; exit 1; }
+
+step "environment"
+python - <<'PY' || fail "TensorRT and a CUDA GPU are required for this script"
+import sys
+from vitexport.engine.env import require_trt_and_gpu
+from vitexport.errors import VitexportError
+try:
+    version, gpu = require_trt_and_gpu()
+except VitexportError as e:
+    print(e, file=sys.stderr)
+    sys.exit(e.exit_code)
+print(f"TensorRT {version} on {gpu['name']} (compute capability {gpu['compute_capability']}, "
+      f"driver {gpu['driver']}, CUDA runtime {gpu['cuda_runtime']})", file=sys.stderr)
+PY
+
+for entry in $models; do
+    variant="${entry%%:*}"
+    size="${entry#*:}"
+    [[ "$size" == "$entry" ]] && size=""
+    dir="$out/$variant${size:+-$size}"
+
+    step "$variant: export to $dir"
+    $vitexport onnx --model "$variant" --output "$dir" || fail "$variant: vitexport onnx"
+
+    for prec in fp16 int8; do
+        step "$variant: TensorRT $prec engine"
+        $vitexport trt "$dir" --model "$variant" --"$prec" --timing-cache "$out/timing.cache" \
+            || fail "$variant: vitexport trt --$prec"
+        [[ -s "$dir/model.$prec.plan" && -s "$dir/model.$prec.plan.json" ]] \
+            || fail "$variant: model.$prec.plan or its sidecar is missing"
+    done
+
+    step "$variant: bench --strict"
+    $vitexport bench "$dir" --model "$variant" --strict --json "$dir/bench.json" \
+        || fail "$variant: vitexport bench --strict (parity miss or error)"
+
+    python - "$dir/bench.json" <<'PY' || fail "$variant: a TensorRT engine did not run in the bench"
+import json, sys
+report = json.load(open(sys.argv[1]))
+ok = True
+for prec in ("fp16", "int8"):
+    rows = [r for r in report["results"] if r["backend"] == "tensorrt" and r["precision"] == prec]
+    if not rows or not rows[0]["available"]:
+        why = rows[0]["reason"] if rows else "no result"
+        print(f"tensorrt {prec}: not run ({why})", file=sys.stderr)
+        ok = False
+    elif not (rows[0]["parity"] or {}).get("passed"):
+        print(f"tensorrt {prec}: parity failed: {rows[0]['parity']}", file=sys.stderr)
+        ok = False
+    else:
+        p = rows[0]["parity"]
+        print(f"tensorrt {prec}: min cosine {p['cos_min']:.5f}, top-1 agreement {p['top1_agree']:.3f}",
+              file=sys.stderr)
+sys.exit(0 if ok else 1)
+PY
+done
+
+step "GPU tests"
+python -m pytest -q -m tensorrt tests/test_tensorrt_gpu.py || fail "tests/test_tensorrt_gpu.py"
+
+printf '\ngpu_smoke: all passed\n' >&2

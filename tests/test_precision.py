@@ -1,0 +1,145 @@
+"""FP16 / INT8 ONNX on the labelled digits fixture: accuracy on real labels, Q/DQ invariants, cache, errors."""
+
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+from vitexport.backends.ort_session import create_session
+from vitexport.cli import cli
+from vitexport.data import load_folder
+from vitexport.export import ModelSpec, run_export
+from vitexport.manifest import preprocess_of, read_manifest
+from vitexport.precision import CalibOptions, run_quantize
+from vitexport.variants import DIGITS_VARIANT
+
+from conftest import ROOT
+
+HELDOUT = ROOT / "calibration" / "digits" / "heldout"
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("digits") / "model"
+    run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
+    return out
+
+
+def _accuracy(onnx_path, folder):
+    manifest = read_manifest(folder)
+    data = load_folder(HELDOUT, preprocess_of(manifest))
+    sess = create_session(onnx_path)
+    logits = np.concatenate([sess.run(None, {"pixel_values": data.x[i:i + 64]})[0] for i in range(0, len(data), 64)])
+    return float((logits.argmax(1) == data.labels).mean()) * 100
+
+
+@pytest.fixture(scope="module")
+def fp32_acc(digits):
+    acc = _accuracy(digits / "model.onnx", digits)
+    assert acc >= 95.0  # the fixture's own promise
+    return acc
+
+
+def test_fp16_within_0_3_points(digits, fp32_acc):
+    r = run_quantize(digits, "fp16")
+    assert r.verdict.passed
+    acc = _accuracy(r.onnx_path, digits)
+    assert abs(acc - fp32_acc) <= 0.3
+    model = onnx.load(str(r.onnx_path))
+    # I/O stay FP32; LayerNorm and Softmax compute in FP32 by default
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+
+
+def test_int8_within_1_point_symmetric_per_channel(digits, fp32_acc):
+    r = run_quantize(digits, "int8")
+    assert r.verdict.passed
+    acc = _accuracy(r.onnx_path, digits)
+    assert fp32_acc - acc <= 1.0
+    model = onnx.load(str(r.onnx_path))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    q = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert len(q) > 20
+    zero_points = [inits[n.input[2]] for n in q if len(n.input) > 2 and n.input[2] in inits]
+    assert zero_points and all(np.all(z == 0) for z in zero_points)
+    weight_dq = [n for n in q if n.op_type == "DequantizeLinear" and n.input[0] in inits
+                 and inits[n.input[0]].dtype == np.int8 and inits[n.input[0]].ndim >= 2]
+    assert weight_dq and all(inits[n.input[1]].ndim == 1 and inits[n.input[1]].size > 1 for n in weight_dq)
+    # every MatMul with a constant weight (the Linear layers) is fed by a DequantizeLinear
+    dq_out = {n.output[0] for n in weight_dq}
+    assert sum(1 for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in dq_out) >= 4 * 4
+    sess = create_session(r.onnx_path)
+    for b in (1, 8):
+        out = sess.run(None, {"pixel_values": np.random.default_rng(0).standard_normal((b, 3, 32, 32), np.float32)})[0]
+        assert out.shape == (b, 10)
+
+
+def test_calibration_cache_reuse_and_invalidation(digits, tmp_path):
+    calib = tmp_path / "calib"
+    shutil.copytree(ROOT / "calibration" / "digits" / "calib", calib)
+    opts = CalibOptions(data=calib, samples=24, check=False)
+    first = run_quantize(digits, "int8", opts)
+    second = run_quantize(digits, "int8", opts)
+    assert first.cache_reused is False and second.cache_reused is True and first.calib_key == second.calib_key
+    # change one image that is among the chosen ones: the key changes, the old cache is not used
+    from vitexport.data import list_images, select
+    victim = select(list_images(calib), 24)[3]
+    from PIL import Image
+    img = Image.open(victim).convert("L")
+    img.putpixel((0, 0), 255 - img.getpixel((0, 0)))
+    img.save(victim)
+    third = run_quantize(digits, "int8", opts)
+    assert third.cache_reused is False and third.calib_key != first.calib_key
+    # a different method is a different calibration too
+    from vitexport.precision.convert import Int8Settings
+    fourth = run_quantize(digits, "int8", CalibOptions(data=calib, samples=24, check=False,
+                                                        int8=Int8Settings(method="minmax")))
+    assert fourth.cache_reused is False and fourth.calib_key != third.calib_key
+
+
+def test_fewer_images_than_asked_warns(digits, tmp_path):
+    calib = tmp_path / "few"
+    calib.mkdir()
+    for f in sorted((ROOT / "calibration" / "digits" / "calib").glob("*.png"))[:5]:
+        shutil.copy(f, calib)
+    r = CliRunner().invoke(cli, ["quantize", "--int8", str(digits), "--calib-data", str(calib),
+                                 "--calib-samples", "50", "--no-check", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "only 5" in r.output
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "unreadable", "no_manifest", "already_int8", "same_as_check"])
+def test_bad_input(digits, tmp_path, case):
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder, ignore=shutil.ignore_patterns("model.int8.onnx", "model.fp16.onnx", "calib-cache"))
+    args = ["quantize", "--int8", str(folder)]
+    if case == "missing":
+        args += ["--calib-data", str(tmp_path / "nope")]
+    elif case == "empty":
+        (tmp_path / "empty").mkdir()
+        args += ["--calib-data", str(tmp_path / "empty")]
+    elif case == "unreadable":
+        bad = tmp_path / "bad"
+        bad.mkdir()
+        (bad / "broken.png").write_bytes(b"\x89PNG not really")
+        args += ["--calib-data", str(bad)]
+    elif case == "no_manifest":
+        lone = tmp_path / "lone"
+        lone.mkdir()
+        shutil.copy(folder / "model.onnx", lone / "model.onnx")
+        args = ["quantize", "--int8", str(lone / "model.onnx")]
+    elif case == "already_int8":
+        run_quantize(folder, "int8", CalibOptions(check=False))
+        args = ["quantize", "--int8", str(folder / "model.int8.onnx")]
+    elif case == "same_as_check":
+        args += ["--calib-data", str(HELDOUT), "--check-data", str(HELDOUT)]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code != 0 and r.output.strip().splitlines()[-1].startswith("Error: ")
+    assert "Traceback" not in r.output
+    if case != "already_int8":
+        assert not (folder / "model.int8.onnx").exists()
+    assert not list(folder.glob(".model.int8.onnx.*"))
