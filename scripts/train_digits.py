@@ -355,8 +355,9 @@ used for training, model selection or calibration.
   of the samples; no flips or rotations
 - every training input is produced by `vitexport.data.preprocess_image` from the 8x8 PIL image — the same
   function inference uses — so training and evaluation preprocessing cannot differ
-- training took {train_seconds:.0f} s on this machine ({args.threads} CPU threads on a shared {cpu_name()},
-  torch {torch.__version__})
+- training (the epoch loop) took {train_seconds:.0f} s wall clock in the run that wrote this file, with
+  {args.threads} torch CPU threads on a {os.cpu_count()}-core {cpu_name()} shared with other work (so the figure
+  varies with load), torch {torch.__version__}
 
 ## Held-out accuracy (FP32)
 

@@ -1,0 +1,168 @@
+"""`vitexport bench` on the labelled digits fixture, a corrupted INT8 model, the report files, and one contract
+test that every backend passes through the same checks."""
+
+import json
+import math
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+from vitexport.bench import discover
+from vitexport.cli import cli
+from vitexport.compare import compare, judge
+from vitexport.data import load_folder
+from vitexport.errors import BackendUnavailable
+from vitexport.export import ModelSpec, model_from_manifest, run_export
+from vitexport.manifest import preprocess_of, read_manifest
+from vitexport.precision import CalibOptions, prepare_precision
+from vitexport.variants import DIGITS_VARIANT
+
+from conftest import ROOT
+
+HELDOUT = ROOT / "calibration" / "digits" / "heldout"
+CPU_BACKENDS = {"pytorch cpu fp32", "pytorch cpu bf16", "onnxruntime cpu fp32", "onnxruntime cpu fp16",
+                "onnxruntime cpu int8"}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "model"
+    run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
+    for prec in ("fp16", "int8"):
+        prepare_precision(out, prec, CalibOptions(check=False))
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(digits, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports")
+    r = CliRunner().invoke(cli, ["bench", str(digits), "--iterations", "2", "--min-time", "0", "--warmup", "1",
+                                 "--json", str(out / "r.json"), "--markdown", str(out / "r.md"),
+                                 "--csv", str(out / "r.csv"), "-q"])
+    assert r.exit_code == 0, r.output
+    return out, r.output
+
+
+def _finite_numbers(obj, path="$"):
+    if isinstance(obj, float):
+        assert math.isfinite(obj), path
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _finite_numbers(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _finite_numbers(v, f"{path}[{i}]")
+
+
+def test_digits_bench_reports_real_accuracy(digits, report):
+    out, _ = report
+    data = json.loads((out / "r.json").read_text())
+    _finite_numbers(data)
+    for key in ("environment", "model", "artifacts", "data", "reference", "thresholds", "options", "results", "passed"):
+        assert key in data
+    assert data["data"]["labelled"] and data["data"]["n_parity"] == len(list(HELDOUT.rglob("*.png")))
+    ran = {r["name"]: r for r in data["results"] if r["available"]}
+    assert CPU_BACKENDS <= set(ran)
+    # the reference accuracy, recomputed here from the real labels with a freshly rebuilt model
+    manifest = read_manifest(digits)
+    ds = load_folder(HELDOUT, preprocess_of(manifest))
+    with torch.no_grad():
+        acc = float((model_from_manifest(manifest)(torch.from_numpy(ds.x)).argmax(1).numpy() == ds.labels).mean())
+    assert ran["pytorch cpu fp32"]["parity"]["acc"] == pytest.approx(acc, abs=1e-9)
+    for name, r in ran.items():
+        p = r["parity"]
+        assert p["passed"], (name, p["failures"])
+        assert 0.95 <= p["acc"] <= 1.0
+        assert {lt["batch"] for lt in r["latency"]} == {1, 8}
+        for lt in r["latency"]:
+            assert lt["iterations"] >= 2 and lt["mean_ms"] > 0 and lt["throughput"] > 0
+            assert lt["p50_ms"] <= lt["p99_ms"]
+    for r in data["results"]:
+        if not r["available"]:
+            assert r["reason"]
+    assert data["passed"] is True
+    assert data["artifacts"] and all(len(a["sha256"]) == 64 for a in data["artifacts"])
+
+
+def test_markdown_and_csv(report):
+    out, stdout = report
+    md = (out / "r.md").read_text().splitlines()
+    header = next(i for i, line in enumerate(md) if line.startswith("| backend"))
+    ncols = md[header].count("|")
+    assert set(md[header + 1].replace("|", "").replace("-", "").replace(":", "")) <= {""}
+    body = [line for line in md[header + 2:] if line.startswith("|")]
+    assert len(body) >= 2 * len(CPU_BACKENDS) and all(line.count("|") == ncols for line in body)
+    csv_lines = (out / "r.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("backend,precision") and len(csv_lines) == len(body) + 1
+    assert "unavailable" in stdout and "onnxruntime cpu int8" in stdout
+
+
+def _corrupt_int8(src, dst):
+    model = onnx.load(str(src))
+    inits = {i.name: i for i in model.graph.initializer}
+    # blow up the scale of the first quantized activation: a calibration gone wrong
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[1] in inits:
+            scale = inits[node.input[1]]
+            arr = numpy_helper.to_array(scale) * 50.0
+            scale.CopyFrom(numpy_helper.from_array(arr.astype(np.float32), scale.name))
+            break
+    onnx.save_model(model, str(dst))
+
+
+def test_corrupted_int8_fails_parity_under_strict(digits, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder)
+    _corrupt_int8(digits / "model.int8.onnx", folder / "model.int8.onnx")
+    args = ["bench", str(folder), "--backend", "int8", "--iterations", "1", "--min-time", "0", "--warmup", "0",
+            "--batch", "1", "--no-prepare", "-q"]
+    strict = CliRunner().invoke(cli, args + ["--strict"])
+    assert strict.exit_code == 1, strict.output
+    assert "onnxruntime cpu int8" in strict.output.splitlines()[-1]
+    lenient = CliRunner().invoke(cli, args)
+    assert lenient.exit_code == 0 and "--strict" in lenient.output
+    # and the honest model passes the same command
+    honest = CliRunner().invoke(cli, ["bench", str(digits), *args[2:], "--strict"])
+    assert honest.exit_code == 0, honest.output
+
+
+def _runners(folder):
+    manifest = read_manifest(folder)
+    return discover(folder, manifest, model_from_manifest(manifest), threads=2, gpu=torch.cuda.is_available())
+
+
+# every backend this machine could have, named without loading anything
+NAMES = [r.name for r in discover(ROOT / "none", {"input_name": "x", "output_name": "y", "onnx": "model.onnx"},
+                                  None, threads=1, gpu=torch.cuda.is_available())]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_backend_contract(digits, name):
+    """Every backend: dynamic batch, (B, classes) float32, deterministic, agrees with PyTorch FP32."""
+    runner = next(r for r in _runners(digits) if r.name == name)
+    try:
+        runner.load()
+        runner.loaded = True
+    except BackendUnavailable as e:
+        pytest.skip(f"{runner.name}: unavailable: {e}")
+    manifest = read_manifest(digits)
+    ds = load_folder(HELDOUT, preprocess_of(manifest), limit=40)
+    ref_model = model_from_manifest(manifest)
+    try:
+        for b in (1, 3, 8):
+            out = runner.infer(ds.x[:b])
+            assert out.shape == (b, 10) and out.dtype == np.float32
+        a, b2 = runner.infer(ds.x[:5]), runner.infer(ds.x[:5])
+        assert np.array_equal(a, b2) if runner.device == "cpu" else np.allclose(a, b2, atol=1e-3)
+        out = np.concatenate([runner.infer(ds.x[i:i + 8]) for i in range(0, len(ds), 8)])
+        with torch.no_grad():
+            ref = ref_model(torch.from_numpy(ds.x)).numpy()
+        verdict = judge(compare(ref, out, ds.labels), runner.precision)
+        assert verdict.passed, (runner.name, verdict.failures)
+    finally:
+        runner.close()
