@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -111,6 +110,7 @@ def write_pngs_atomically(target: Path, items: list[tuple[str, np.ndarray]]) -> 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700 folders; the shipped ones are ordinary
         for rel, img8 in items:
             p = tmp / rel
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -136,6 +136,7 @@ def save_checkpoint(model: torch.nn.Module, path: Path, metadata: dict[str, str]
     os.close(fd)
     try:
         save_file(sd, tmp, metadata=metadata)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; the shipped one is ordinary
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -379,13 +380,9 @@ weights slightly (and the accuracy by a sample or two).
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from vitexport.bench import cpu_model
+
+    return cpu_model()
 
 
 def calibration_readme(*, counts_train, counts_test, n_calib) -> str:

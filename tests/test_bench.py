@@ -43,7 +43,7 @@ def report(digits, tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
     r = CliRunner().invoke(cli, ["bench", str(digits), "--iterations", "2", "--min-time", "0", "--warmup", "1",
                                  "--json", str(out / "r.json"), "--markdown", str(out / "r.md"),
-                                 "--csv", str(out / "r.csv"), "-q"])
+                                 "--csv", str(out / "r.csv"), "--plot", str(out / "r.png"), "-q"])
     assert r.exit_code == 0, r.output
     return out, r.output
 
@@ -100,6 +100,8 @@ def test_markdown_and_csv(report):
     csv_lines = (out / "r.csv").read_text().splitlines()
     assert csv_lines[0].startswith("backend,precision") and len(csv_lines) == len(body) + 1
     assert "unavailable" in stdout and "onnxruntime cpu int8" in stdout
+    png = (out / "r.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
 def _corrupt_int8(src, dst):

@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from vitexport.cli import cli
-from vitexport.export import ModelSpec, model_from_manifest, run_export
+from vitexport.export import model_from_manifest
 from vitexport.backends.ort_session import create_session
 
 
@@ -137,3 +137,20 @@ def test_python_dash_m(in_tmp):
     import sys
     r = subprocess.run([sys.executable, "-m", "vitexport", "onnx", "--img-size", "7"], capture_output=True, text=True)
     assert r.returncode == 2 and "not a multiple" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_large_models_use_external_data(in_tmp, monkeypatch):
+    """Models over protobuf's 2 GB cap are written with external data; shown here by lowering the cap."""
+    import vitexport.export as ex
+    monkeypatch.setattr(ex, "PROTOBUF_LIMIT", 1024)
+    r = _run("onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-q")
+    assert r.exit_code == 0, r.output
+    folder = in_tmp / "models" / "vit_tiny_patch16_224-32x32"
+    assert (folder / "model.onnx.data").stat().st_size > (folder / "model.onnx").stat().st_size
+    onnx.checker.check_model(str(folder / "model.onnx"))
+    sess = create_session(folder / "model.onnx")
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32), np.float32)
+    with torch.no_grad():
+        ref = model_from_manifest(json.loads((folder / "manifest.json").read_text()))(torch.from_numpy(x)).numpy()
+    assert np.abs(sess.run(None, {"pixel_values": x})[0] - ref).max() < 1e-4
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]

@@ -23,6 +23,7 @@ from .compare import DEFAULT_THRESHOLDS, ParityStats, Thresholds, compare, judge
 from .data import Dataset, load_folder
 from .errors import BackendUnavailable, VitexportError
 from .manifest import preprocess_of
+from .paths import display_path
 from .progress import QUIET, Log
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -271,17 +272,17 @@ def run_bench(folder: Path, manifest: dict, opts: BenchOptions, log: Log = QUIET
                  "model.fp32.plan"):
         p = folder / name
         if p.is_file():
-            artifacts.append({"file": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)})
+            artifacts.append({"file": display_path(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)})
     used = {p: (opts.thresholds.get(p) or DEFAULT_THRESHOLDS[p]).to_dict() for p in PRECISIONS}
     return BenchReport(
         vitexport_version=__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         environment=environment(threads),
-        model={"folder": str(folder), "variant": manifest["variant"], "img_size": manifest["img_size"],
+        model={"folder": display_path(folder), "variant": manifest["variant"], "img_size": manifest["img_size"],
                "num_classes": manifest["num_classes"], "checkpoint": manifest.get("checkpoint"),
                "random_weights": not manifest.get("checkpoint")},
         artifacts=artifacts,
-        data={"source": data.source, "n": len(data), "n_parity": len(x_parity), "labelled": labels is not None,
+        data={"source": display_path(data.source), "n": len(data), "n_parity": len(x_parity), "labelled": labels is not None,
               "classes": data.classes},
         reference=reference_name,
         thresholds=used,

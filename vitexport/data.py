@@ -1,7 +1,7 @@
 """Images -> model inputs. One implementation, shared by calibration, parity checks and bench, so they never disagree.
 
-Preprocessing follows timm's eval transform: resize (shorter side to size / crop_pct, or both sides for
-non-square inputs) with the manifest's interpolation, center crop to the input size, scale to [0, 1],
+Preprocessing follows timm's eval transform: resize keeping the aspect ratio (shorter side to size / crop_pct)
+with the manifest's interpolation, center crop to the input size, scale to [0, 1],
 normalise with mean/std. Grayscale, palette and RGBA images are converted to RGB.
 """
 
@@ -43,7 +43,11 @@ def preprocess_image(img, pp: Preprocess) -> np.ndarray:
         else:
             nw, nh = int(scale * w / h), scale
     else:
-        nh, nw = math.floor(th / pp.crop_pct), math.floor(tw / pp.crop_pct)
+        # non-square target: keep the aspect ratio, scale so both sides cover size / crop_pct (timm's
+        # ResizeKeepRatio with longest=0)
+        sh, sw = math.floor(th / pp.crop_pct), math.floor(tw / pp.crop_pct)
+        ratio = min(h / sh, w / sw)
+        nh, nw = round(h / ratio), round(w / ratio)
     if (nw, nh) != (w, h):
         img = img.resize((nw, nh), resample=resample)
     top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))

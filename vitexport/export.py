@@ -11,7 +11,6 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import __version__
@@ -366,10 +365,6 @@ def _relink_external_data(onnx_path: Path, location: str) -> None:
             if entry.key == "location":
                 entry.value = location
     onnx.save_model(proto, str(onnx_path))
-
-
-def random_inputs(batch: int, cfg, seed: int = 0) -> np.ndarray:
-    return torch.randn(batch, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(seed)).numpy()
 
 
 def model_from_manifest(manifest: dict) -> VisionTransformer:

@@ -230,7 +230,8 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         self.norm_pre = norm_layer(D) if cfg.pre_norm else nn.Identity()
 
-        dpr = [r.item() for r in torch.linspace(0, cfg.drop_path_rate, cfg.depth)]  # stochastic depth decay rule
+        # stochastic depth rate rises linearly over the blocks (plain floats: no tensor work at construction)
+        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.Sequential(*[
             Block(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.init_values, proj_drop=cfg.drop_rate,
                   attn_drop=cfg.attn_drop_rate, drop_path=dpr[i], norm_layer=norm_layer)

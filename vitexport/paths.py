@@ -56,3 +56,12 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
 def write_text_atomic(path: Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def display_path(p: Path | str) -> str:
+    """A path as a person would type it here: relative to the working directory when below it."""
+    p = Path(p)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)

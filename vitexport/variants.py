@@ -90,7 +90,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
     Variant("vit_base_patch32_384", "base", 32, 384, crop_pct=1.0),
     Variant("vit_large_patch16_224", "large", 16, 224),
     Variant("vit_large_patch16_384", "large", 16, 384, crop_pct=1.0),
-    Variant("vit_huge_patch14_224", "huge", 14, 224),
+    Variant("vit_huge_patch14_224", "huge", 14, 224, num_classes=0),  # timm's: ImageNet-21k features, no head
     Variant("vit_digits_patch4_32", "digits", 4, 32, num_classes=10, crop_pct=1.0, interpolation="bilinear"),
 ]}
 

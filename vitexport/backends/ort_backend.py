@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from ..errors import BackendUnavailable, VitexportError
 from .base import Runner
@@ -38,6 +37,14 @@ class OrtRunner(Runner):
         wanted = PROVIDERS[self.ep]
         if wanted not in ort.get_available_providers():
             raise BackendUnavailable(f"{wanted} is not in this onnxruntime build")
+        if self.ep != "cpu":
+            # ask before trying: onnxruntime prints a page of "EP Error" and falls back when it cannot start
+            import torch
+
+            if not torch.cuda.is_available():
+                raise BackendUnavailable(f"no CUDA GPU visible, so {wanted} cannot start")
+            if self.ep == "tensorrt" and not _tensorrt_libraries():
+                raise BackendUnavailable("the TensorRT libraries (libnvinfer) are not installed")
         from .ort_session import create_session
 
         providers = [wanted] if self.ep == "cpu" else [wanted, "CPUExecutionProvider"]
@@ -58,3 +65,11 @@ class OrtRunner(Runner):
 
     def run(self, staged: Any) -> Any:
         return self.session.run([self.output_name], {self.input_name: staged})[0]
+
+
+def _tensorrt_libraries() -> bool:
+    import ctypes.util
+    import importlib.util
+
+    return importlib.util.find_spec("tensorrt_libs") is not None or importlib.util.find_spec("tensorrt") is not None \
+        or ctypes.util.find_library("nvinfer") is not None

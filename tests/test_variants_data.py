@@ -1,0 +1,73 @@
+"""Named variants against timm's own definitions; preprocessing against timm's eval transform."""
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+from vitexport.data import load_folder, preprocess_image
+from vitexport.model import VisionTransformer
+from vitexport.variants import VARIANTS, Preprocess, get_variant, parse_img_size
+
+from conftest import ROOT
+
+TIMM_NAMES = [n for n in VARIANTS if not n.startswith("vit_digits")]
+
+
+@pytest.mark.parametrize("name", TIMM_NAMES)
+def test_variant_shapes_match_timm(name):
+    with torch.device("meta"):  # shapes only: no memory, no init
+        ref = timm.create_model(name, pretrained=False)
+        ours = VisionTransformer(get_variant(name).config())
+    assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == \
+           {k: tuple(v.shape) for k, v in ref.state_dict().items()}
+    cfg = ref.pretrained_cfg
+    pp = get_variant(name).preprocess()
+    assert tuple(cfg["input_size"][1:]) == pp.input_size
+    assert tuple(cfg["mean"]) == pp.mean and tuple(cfg["std"]) == pp.std
+    assert cfg["crop_pct"] == pp.crop_pct and cfg["interpolation"] == pp.interpolation
+
+
+@pytest.mark.parametrize("size,crop,interp", [((224, 224), 0.9, "bicubic"), ((384, 384), 1.0, "bicubic"),
+                                              ((96, 128), 0.875, "bilinear")])
+def test_preprocess_matches_timm_transform(size, crop, interp):
+    from timm.data import create_transform
+
+    pp = Preprocess(input_size=size, crop_pct=crop, interpolation=interp, mean=(0.485, 0.456, 0.406),
+                    std=(0.229, 0.224, 0.225))
+    tf = create_transform(input_size=(3, *size), crop_pct=crop, interpolation=interp, mean=pp.mean, std=pp.std)
+    for path in sorted((ROOT / "calibration" / "photos" / "calib").glob("*.jpg"))[:4]:
+        img = Image.open(path)
+        ref = tf(img.convert("RGB")).numpy()
+        ours = preprocess_image(img, pp)
+        assert ours.shape == ref.shape
+        assert np.abs(ours - ref).max() < 0.05  # PIL vs torchvision resize rounding
+        assert np.abs(ours - ref).mean() < 0.005
+
+
+def test_grayscale_and_rgba_become_rgb(tmp_path):
+    pp = Preprocess(input_size=(32, 32), crop_pct=1.0, interpolation="bilinear")
+    gray = Image.fromarray(np.full((40, 40), 128, np.uint8), "L")
+    rgba = Image.fromarray(np.full((40, 40, 4), 128, np.uint8), "RGBA")
+    for img in (gray, rgba):
+        x = preprocess_image(img, pp)
+        assert x.shape == (3, 32, 32) and np.allclose(x[0], x[1]) and np.allclose(x[1], x[2])
+
+
+def test_image_folder_labels_and_recursion(tmp_path):
+    for cls in ("cat", "dog"):
+        (tmp_path / cls / "nested").mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (20, 20), (i * 100, 0, 0)).save(tmp_path / cls / f"{i}.png")
+    ds = load_folder(tmp_path, Preprocess(input_size=(16, 16), crop_pct=1.0))
+    assert ds.classes == ["cat", "dog"] and list(ds.labels) == [0, 0, 1, 1]
+    # a nested layout is not ImageFolder: recursive, unlabelled
+    Image.new("RGB", (20, 20)).save(tmp_path / "cat" / "nested" / "deep.webp")
+    ds2 = load_folder(tmp_path, Preprocess(input_size=(16, 16), crop_pct=1.0))
+    assert ds2.labels is None and len(ds2) == 5
+
+
+@pytest.mark.parametrize("text,expected", [("384", (384, 384)), ("384x512", (384, 512)), ("224X224", (224, 224))])
+def test_parse_img_size(text, expected):
+    assert parse_img_size(text) == expected
