@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 
 from vitexport.bench import BenchOptions, run_bench
-from vitexport.precision import CalibOptions
+from vitexport.precision import CalibOptions, run_quantize
+from vitexport.precision.convert import Int8Settings
 from vitexport.precision.pipeline import prepare_precision, resolve_model_dir
 from vitexport.progress import Log
 
@@ -23,17 +24,23 @@ def main() -> None:
     ap.add_argument("model_dir", nargs="?", type=Path, default=None)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--min-time", type=float, default=3.0)
+    ap.add_argument("--quantize-attention", action="store_true",
+                    help="re-quantize with the attention products in INT8 too (replaces model.int8.onnx)")
     args = ap.parse_args()
     log = Log()
     folder, _ = resolve_model_dir(args.model_dir, log)
-    for prec in ("fp16", "int8"):
-        prepare_precision(folder, prec, CalibOptions(), log)
+    prepare_precision(folder, "fp16", CalibOptions(), log)
+    if args.quantize_attention:
+        run_quantize(folder, "int8", CalibOptions(int8=Int8Settings(quantize_attention=True)), log)
+    else:
+        prepare_precision(folder, "int8", CalibOptions(), log)
     folder, manifest = resolve_model_dir(folder, log)
     report = run_bench(folder, manifest, BenchOptions(iterations=args.iterations, min_time=args.min_time,
                                                       backends=("onnxruntime cpu",)), log)
     by = {(r.precision, lt.batch): lt for r in report.results if r.available and r.backend == "onnxruntime"
           for lt in r.latency}
-    print(f"{manifest['variant']} {manifest['img_size']}  ONNX Runtime CPU ({report.environment['cpu']}, "
+    att = " (INT8 with attention products quantized)" if args.quantize_attention else ""
+    print(f"{manifest['variant']} {manifest['img_size']}{att}  ONNX Runtime CPU ({report.environment['cpu']}, "
           f"{report.environment['threads']} threads)")
     print(f"{'precision':<10}{'batch':>6}{'mean ms':>10}{'p50 ms':>10}{'vs FP32':>10}")
     for prec in ("fp32", "int8", "fp16"):

@@ -143,3 +143,40 @@ def test_bad_input(digits, tmp_path, case):
     if case != "already_int8":
         assert not (folder / "model.int8.onnx").exists()
     assert not list(folder.glob(".model.int8.onnx.*"))
+
+
+def _attention_matmuls(path):
+    """The Q.K^T and A.V products (named 'blocks.N.attn/MatMul*' by the export) and those fed by Q/DQ."""
+    import re
+    model = onnx.load(str(path))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    mm = [n for n in model.graph.node if n.op_type == "MatMul" and re.fullmatch(r"blocks\.\d+\.attn/MatMul(_\d+)?", n.name)]
+    quantized = [n for n in mm if all(i in producers and producers[i].op_type == "DequantizeLinear" for i in n.input)]
+    return mm, quantized
+
+
+def test_attention_products_stay_float_unless_asked(digits, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder, ignore=shutil.ignore_patterns("model.int8.onnx"))
+    r = run_quantize(folder, "int8", CalibOptions(check=False))
+    mm, quantized = _attention_matmuls(r.onnx_path)
+    assert len(mm) == 2 * 4 and not quantized  # Q.K^T and A.V in each of the 4 blocks, all float
+    from vitexport.precision.convert import Int8Settings
+    r = run_quantize(folder, "int8", CalibOptions(check=False, int8=Int8Settings(quantize_attention=True)))
+    mm, quantized = _attention_matmuls(r.onnx_path)
+    assert len(quantized) == 2 * 4
+
+
+def test_exclude_block_keeps_it_float(digits, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder, ignore=shutil.ignore_patterns("model.int8.onnx"))
+    from vitexport.precision.convert import Int8Settings
+    r = run_quantize(folder, "int8", CalibOptions(check=False, int8=Int8Settings(exclude_blocks=[0])))
+    model = onnx.load(str(r.onnx_path))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    block0 = [n for n in model.graph.node if n.name.startswith("blocks.0.") and n.op_type == "MatMul"]
+    block1 = [n for n in model.graph.node if n.name.startswith("blocks.1.") and n.op_type == "MatMul"]
+    assert block0 and not any(producers.get(i) is not None and producers[i].op_type == "DequantizeLinear"
+                              for n in block0 for i in n.input)
+    assert any(producers.get(i) is not None and producers[i].op_type == "DequantizeLinear"
+               for n in block1 for i in n.input)

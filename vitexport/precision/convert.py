@@ -113,8 +113,15 @@ def nodes_to_exclude(model_path: Path, settings: Int8Settings) -> list[str]:
     """Resolve --exclude-node / --exclude-block to node names of the graph; unknown names are an error."""
     import onnx
 
-    names = [n.name for n in onnx.load(str(model_path), load_external_data=False).graph.node]
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    names = [n.name for n in graph.node]
     out = []
+    if not settings.quantize_attention:
+        # onnxruntime's QDQ quantizer ignores its MatMulConstBOnly option, so the attention products
+        # (Q.K^T and A.V: MatMuls whose B is an activation) are kept in float here, by name
+        constants = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant"
+                                                           for o in n.output}
+        out += [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] not in constants]
     for name in settings.exclude_nodes:
         if name not in names:
             close = [n for n in names if name in n][:3]
@@ -147,7 +154,7 @@ def quantize_int8(src: Path, dst: Path, x: np.ndarray, input_name: str, settings
         extra = {
             "ActivationSymmetric": True,  # TensorRT: zero points must be 0
             "WeightSymmetric": True,
-            "MatMulConstBOnly": not settings.quantize_attention,
+            "MatMulConstBOnly": not settings.quantize_attention,  # honoured by QOperator only: see nodes_to_exclude
             "QuantizeBias": False,
             "DedicatedQDQPair": False,
             "ForceQuantizeNoInputCheck": False,
