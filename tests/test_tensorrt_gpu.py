@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vitexport.compare import DEFAULT_THRESHOLDS
 from vitexport.engine.env import cuda_gpu, tensorrt_version
 from vitexport.engine.options import BuildOptions, read_sidecar
 
@@ -22,7 +23,8 @@ pytestmark = [
 
 VARIANT = "vit_digits_patch4_32"
 BATCHES = (1, 3, 8)
-COS_MIN = {"fp16": 0.999, "int8": 0.98}
+# the same per-precision bounds the bench applies (docs/PARITY.md)
+COS_MIN = {p: DEFAULT_THRESHOLDS[p].cos_min for p in ("fp16", "int8")}
 
 
 @pytest.fixture(scope="module")

@@ -172,6 +172,7 @@ def export_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_O
         # data file first, then the model: a reader never sees a model without its weights
         old_data = out_path.parent / data_name
         if external:
+            os.chmod(tmpdir / data_name, 0o644)  # onnx writes the data file 0600; artifacts get the usual mode
             os.replace(tmpdir / data_name, old_data)
         os.replace(tmp_onnx, out_path)
         if not external and old_data.exists():
@@ -289,7 +290,8 @@ def run_export(spec: ModelSpec, output: Path | None = None, opset: int = DEFAULT
         "num_classes": cfg.num_classes,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.to_dict().items()},
         "preprocess": built.preprocess.to_dict(),
-        "checkpoint": None if ckpt is None else {"path": str(ckpt.path), "sha256": ckpt.sha256, "format": ckpt.format},
+        "checkpoint": None if ckpt is None else {"path": str(ckpt.path.resolve()), "sha256": ckpt.sha256,
+                                                 "format": ckpt.format},
         "seed": spec.seed if ckpt is None else None,
         "pos_embed_interp": spec.pos_embed_interp,
         "opset": opset,

@@ -78,7 +78,7 @@ def bench_command(model_path, data, batches, iterations, min_time, warmup, threa
     folder, manifest = resolve_model_dir(model_path, log, spec)
     if not no_prepare:
         for prec in ("fp16", "int8"):
-            # the bench measures parity itself, on its own inputs
+            # default options; the bench measures parity itself, on its own inputs
             prepare_precision(folder, prec, CalibOptions(check=False), log)
         folder, manifest = resolve_model_dir(folder, log)
     opts = BenchOptions(data=data, batches=tuple(batches) or None, iterations=iterations, min_time=min_time,

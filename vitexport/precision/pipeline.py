@@ -146,6 +146,9 @@ def run_quantize(model: Path | None, precision: str, opts: CalibOptions | None =
     fp32_sha = sha256_file(fp32)
     if manifest.get("onnx_sha256") and manifest["onnx_sha256"] != fp32_sha:
         raise VitexportError(f"{fp32} changed since it was exported (sha256 differs from the manifest); re-export it.")
+    if precision == "int8" and fp32.with_name(fp32.name + ".data").exists():
+        raise VitexportError(f"{fp32} keeps its weights in external data (over 2 GB); INT8 calibration of such "
+                             f"models is not supported yet (FP16 is).")
     out_path = folder / OUTPUT_NAMES[precision]
     notes: list[str] = []
     key, reused = None, None
@@ -230,4 +233,5 @@ def prepare_precision(model_dir: Path, precision: str, calib: CalibOptions | Non
             and rec.get("sha256") == sha256_file(out):
         log.info(f"Using the existing {out.name}.")
         return out
+    log.info(f"{out.name} is missing or was made from another model: making it now.")
     return run_quantize(folder, precision, calib, log).onnx_path
