@@ -168,3 +168,11 @@ def test_backend_contract(digits, name):
         assert verdict.passed, (runner.name, verdict.failures)
     finally:
         runner.close()
+
+
+def test_bench_on_calibration_images_warns(digits):
+    calib = ROOT / "calibration" / "digits" / "calib"
+    r = CliRunner().invoke(cli, ["bench", str(digits), "--data", str(calib), "--backend", "int8", "--iterations", "1",
+                                 "--min-time", "0", "--warmup", "0", "--batch", "1", "--no-prepare", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "calibrated on" in r.output

@@ -122,8 +122,10 @@ def environment(threads: int) -> dict:
         "gpu": None,
     }
     if torch.cuda.is_available():
+        from .engine.env import cuda_driver_version
+
         env["gpu"] = {"name": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
-                      "cuda_runtime": torch.version.cuda}
+                      "cuda_runtime": torch.version.cuda, "driver": cuda_driver_version()}
     return env
 
 
@@ -208,6 +210,10 @@ def run_bench(folder: Path, manifest: dict, opts: BenchOptions, log: Log = QUIET
         raise VitexportError("Batch sizes must be at least 1.")
 
     data_dir = Path(opts.data) if opts.data else default_heldout_dir(manifest)
+    calib_dir = ((manifest.get("precisions") or {}).get("int8") or {}).get("calibration", {}).get("data")
+    if calib_dir and Path(calib_dir).resolve() == data_dir.resolve():
+        log.warn(f"{data_dir} is the data the INT8 model was calibrated on: its INT8 parity will look better "
+                 "than on unseen images.")
     with log.step(f"Loading inputs from {data_dir}"):
         data: Dataset = load_folder(data_dir, preprocess_of(manifest))
     x_parity = data.x if opts.parity_limit is None else data.x[:opts.parity_limit]
