@@ -20,7 +20,7 @@ from . import __version__
 from .backends.base import Runner
 from .checkpoints import sha256_file
 from .compare import DEFAULT_THRESHOLDS, ParityStats, Thresholds, compare, judge
-from .data import Dataset, load_folder
+from .data import Dataset, labels_for_model, load_folder
 from .errors import BackendUnavailable, VitexportError
 from .manifest import preprocess_of
 from .paths import display_path
@@ -53,6 +53,7 @@ class Latency:
     p99_ms: float
     throughput: float  # images per second
     h2d_ms: float | None = None  # host -> device copy of the input, measured apart
+    d2h_ms: float | None = None  # device -> host copy of the output, measured apart
     relative_to_reference: float | None = None  # throughput / PyTorch FP32 eager throughput, same batch
 
 
@@ -157,16 +158,20 @@ def _percentile(values: list[float], q: float) -> float:
 
 def measure_latency(runner: Runner, x: np.ndarray, opts: BenchOptions) -> Latency:
     b = len(x)
-    h2d = None
+    h2d = d2h = None
+    staged = runner.stage(x)
     if runner.device == "cuda":
-        t = []
+        up, down = [], []
+        out = runner.run(staged)
         for _ in range(3):
             t0 = time.perf_counter()
             runner.stage(x)
             runner.synchronize()
-            t.append(time.perf_counter() - t0)
-        h2d = statistics.median(t) * 1e3
-    staged = runner.stage(x)
+            up.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            runner.fetch(out)
+            down.append(time.perf_counter() - t0)
+        h2d, d2h = statistics.median(up) * 1e3, statistics.median(down) * 1e3
     for _ in range(opts.warmup):
         runner.run(staged)
     times: list[float] = []
@@ -180,7 +185,7 @@ def measure_latency(runner: Runner, x: np.ndarray, opts: BenchOptions) -> Latenc
     ms = [t * 1e3 for t in times]
     mean = statistics.fmean(ms)
     return Latency(b, len(ms), mean, _percentile(ms, 50), _percentile(ms, 90), _percentile(ms, 99),
-                   b / (mean / 1e3), h2d)
+                   b / (mean / 1e3), h2d, d2h)
 
 
 def batch_of(data: np.ndarray, b: int) -> np.ndarray:
@@ -190,7 +195,19 @@ def batch_of(data: np.ndarray, b: int) -> np.ndarray:
 
 
 def infer_all(runner: Runner, x: np.ndarray, chunk: int = 8) -> np.ndarray:
-    return np.concatenate([runner.infer(x[i:i + chunk]) for i in range(0, len(x), chunk)])
+    """Outputs for every input, in chunks the runner accepts (an engine's batch range included)."""
+    lo, hi = runner.batch_range or (1, chunk)
+    chunk = max(lo, min(chunk, hi))
+    if len(x) < lo:
+        raise VitexportError(f"{runner.name} needs batches of at least {lo}, the data has {len(x)} inputs")
+    outs = []
+    for i in range(0, len(x), chunk):
+        piece = x[i:i + chunk]
+        if len(piece) < lo:  # a short last piece: run the last `lo` inputs and keep the new ones
+            outs.append(runner.infer(x[len(x) - lo:])[lo - len(piece):])
+        else:
+            outs.append(runner.infer(piece))
+    return np.concatenate(outs)
 
 
 # -- the whole job ------------------------------------------------------------------------------------------
@@ -217,7 +234,10 @@ def run_bench(folder: Path, manifest: dict, opts: BenchOptions, log: Log = QUIET
     with log.step(f"Loading inputs from {data_dir}"):
         data: Dataset = load_folder(data_dir, preprocess_of(manifest))
     x_parity = data.x if opts.parity_limit is None else data.x[:opts.parity_limit]
-    labels = None if data.labels is None else data.labels[:len(x_parity)]
+    all_labels, why = labels_for_model(data, int(manifest["num_classes"]))
+    if why:
+        log.warn(f"Class folders of {data_dir} not used as labels: {why}.")
+    labels = None if all_labels is None else all_labels[:len(x_parity)]
     log.info(f"{len(data)} inputs{' with labels (' + str(len(data.classes or [])) + ' classes)' if labels is not None else ''}")
 
     try:
@@ -260,6 +280,11 @@ def run_bench(folder: Path, manifest: dict, opts: BenchOptions, log: Log = QUIET
                 verdict = judge(stats, runner.precision, th)
                 res.parity = {**stats.to_dict(), "passed": verdict.passed, "failures": verdict.failures}
                 for b in batches:
+                    lo, hi = runner.batch_range or (1, b)
+                    if not lo <= b <= hi:
+                        res.info.setdefault("skipped_batches", []).append(b)
+                        log.info(f"{runner.name}: batch {b} is outside its range {lo}-{hi}; not timed")
+                        continue
                     lat = measure_latency(runner, batch_of(data.x, b), opts)
                     if is_reference:
                         ref_tput[b] = lat.throughput
@@ -268,7 +293,7 @@ def run_bench(folder: Path, manifest: dict, opts: BenchOptions, log: Log = QUIET
                     res.latency.append(lat)
         except BackendUnavailable as e:
             res.available, res.reason = False, str(e)
-        except VitexportError as e:
+        except (VitexportError, ValueError) as e:  # ValueError: an output of another shape than the reference
             res.available, res.reason = False, f"failed: {e}"
         finally:
             runner.close()

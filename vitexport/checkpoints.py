@@ -58,7 +58,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.pt", "model.npz")
 
 
-def _resolve(path: Path) -> tuple[Path, dict]:
+def resolve_weights(path: Path) -> tuple[Path, dict]:
     """A file or a directory -> (weights file, config.json contents or {})."""
     if not path.exists():
         raise VitexportError(f"Checkpoint {path} does not exist.")
@@ -268,7 +268,7 @@ def detect_format(raw: dict) -> str:
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint file or directory into timm names, with the config facts it carries."""
-    weights, config = _resolve(Path(path))
+    weights, config = resolve_weights(Path(path))
     raw = _read_raw(weights)
     fmt = detect_format(raw)
     hints: dict = {}

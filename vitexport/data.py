@@ -111,7 +111,8 @@ def load_folder(root: Path, pp: Preprocess, limit: int | None = None, progress=N
         if npys:
             return _load_npy(npys, pp, limit)
         raise VitexportError(f"Data folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
-    subdirs = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    subdirs = sorted((d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                     key=lambda n: (0, int(n), n) if n.isdigit() else (1, 0, n))  # '2' before '10'
     labelled = bool(subdirs) and all(f.parent.parent == root for f in files)
     files = select(files, limit)
     xs = []
@@ -154,3 +155,24 @@ def files_digest(files: list[Path]) -> str:
         h.update(f.name.encode())
         h.update(hashlib.sha256(Path(f).read_bytes()).digest())
     return h.hexdigest()
+
+
+def labels_for_model(data: Dataset, num_classes: int) -> tuple[np.ndarray | None, str | None]:
+    """Folder labels as the model's class indices, or (None, why not).
+
+    Class folders named by integers are those class indices; otherwise the sorted folders must be exactly
+    the model's classes (as many folders as classes).
+    """
+    if data.labels is None or data.classes is None:
+        return None, None
+    if num_classes <= 0:
+        return None, "the model has no classification head"
+    if all(c.isdigit() for c in data.classes):
+        idx = np.array([int(c) for c in data.classes])
+        if idx.max() >= num_classes:
+            return None, f"class folder {idx.max()} is outside the model's {num_classes} classes"
+        return idx[data.labels], None
+    if len(data.classes) != num_classes:
+        return None, (f"{len(data.classes)} class folders do not map onto the model's {num_classes} classes "
+                      "(name the folders by class index to use a subset)")
+    return data.labels, None

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .checkpoints import Checkpoint, load_checkpoint, load_into, sha256_file
+from .checkpoints import Checkpoint, load_checkpoint, load_into, resolve_weights, sha256_file
 from .compare import ParityStats, compare
 from .errors import ParityError, VitexportError
 from .manifest import MANIFEST_NAME, write_manifest
@@ -92,6 +92,27 @@ def build(spec: ModelSpec) -> BuiltModel:
         notes.append(f"No checkpoint: deterministic random weights (seed {spec.seed}). Latency is real, "
                      "accuracy is meaningless.")
     return BuiltModel(model.eval(), variant.preprocess(cfg.img_size), ckpt, notes)
+
+
+def spec_differences(spec: ModelSpec, manifest: dict) -> list[str]:
+    """How an existing export differs from what `spec` asks for; empty when it is that model."""
+    diffs = []
+    if manifest.get("variant") != spec.variant:
+        diffs.append(f"it is {manifest.get('variant')}, not {spec.variant}")
+    have = (manifest.get("checkpoint") or {}).get("sha256")
+    ckpt = spec.resolved_checkpoint()
+    if ckpt is None and have:
+        diffs.append("it was made from a checkpoint, not from random weights")
+    elif ckpt is not None:
+        if not ckpt.exists():
+            raise VitexportError(f"Checkpoint {ckpt} does not exist.")
+        if sha256_file(resolve_weights(ckpt)[0]) != have:
+            diffs.append(f"it was made from {'random weights' if not have else 'another checkpoint'}, not {ckpt}")
+    if spec.num_classes is not None and spec.num_classes != manifest.get("num_classes"):
+        diffs.append(f"it has {manifest.get('num_classes')} classes, not {spec.num_classes}")
+    if spec.pos_embed_interp != manifest.get("pos_embed_interp"):
+        diffs.append(f"its position embedding was resized with {manifest.get('pos_embed_interp')}")
+    return diffs
 
 
 def default_output_dir(spec: ModelSpec, img_size: tuple[int, int]) -> Path:
@@ -273,6 +294,8 @@ def run_export(spec: ModelSpec, output: Path | None = None, opset: int = DEFAULT
         onnx_path = out_dir / "model.onnx"
     if out_dir.exists() and not out_dir.is_dir():
         raise VitexportError(f"Output {out_dir} exists and is not a folder.")
+    if onnx_path.is_dir():
+        raise VitexportError(f"Output {onnx_path} is a folder; give a folder or a .onnx file path.")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -299,7 +322,8 @@ def run_export(spec: ModelSpec, output: Path | None = None, opset: int = DEFAULT
         "input_name": INPUT_NAME,
         "output_name": OUTPUT_NAME,
         "input_shape": ["batch", cfg.in_chans, *cfg.img_size],
-        "output_shape": ["batch", cfg.num_classes] if cfg.num_classes else ["batch", cfg.embed_dim],
+        "output_shape": (["batch", cfg.num_classes] if cfg.num_classes else ["batch", cfg.embed_dim])
+        if cfg.global_pool else ["batch", "tokens", cfg.num_classes or cfg.embed_dim],
         "versions": versions(),
     }
     existing = out_dir / MANIFEST_NAME
@@ -309,7 +333,8 @@ def run_export(spec: ModelSpec, output: Path | None = None, opset: int = DEFAULT
             previous = json.loads(existing.read_text())
         except (OSError, json.JSONDecodeError):
             previous = {}
-    if previous and onnx_path.exists() and not force:
+    previous_onnx = out_dir / str(previous.get("onnx", onnx_path.name))
+    if previous and (onnx_path.exists() or previous_onnx.exists()) and not force:
         if _provenance(previous) != _provenance(manifest):
             raise VitexportError(
                 f"{out_dir} already holds an export of another model or checkpoint; pass --force to replace it "
@@ -332,13 +357,17 @@ def run_export(spec: ModelSpec, output: Path | None = None, opset: int = DEFAULT
         manifest["parity"] = {"atol": atol, "checks": [c.to_dict() for c in checks]}
         if not all(c.passed for c in checks):
             worst = max(c.stats.max_abs for c in checks)
-            raise ParityError(f"ONNX Runtime and PyTorch disagree: max abs diff {worst:.3g} exceeds {atol:g}; "
-                              f"the previous model (if any) was kept.")
+            cos = min(c.stats.cos_min for c in checks)
+            raise ParityError(f"ONNX Runtime and PyTorch disagree: max abs diff {worst:.3g} (allowed {atol:g}), "
+                              f"min cosine {cos:.7f} (allowed 0.99999); the previous model (if any) was kept.")
         data = staging.with_name(staging.name + ".data")
+        final_data = onnx_path.with_name(onnx_path.name + ".data")
         if data.exists():
-            os.replace(data, onnx_path.with_name(onnx_path.name + ".data"))
-            _relink_external_data(staging, onnx_path.name + ".data")
+            os.replace(data, final_data)
+            _relink_external_data(staging, final_data.name)
         os.replace(staging, onnx_path)
+        if not data.exists() and final_data.exists() and not _uses_external_data(onnx_path):
+            final_data.unlink()  # left by an earlier, larger export of this name
     finally:
         for p in (staging, staging.with_name(staging.name + ".data")):
             if p.exists():
@@ -355,6 +384,13 @@ def run_export(spec: ModelSpec, output: Path | None = None, opset: int = DEFAULT
                 log.info(f"Removed {stale}: it was made from the previous model.")
     mpath = write_manifest(out_dir, manifest)
     return ExportResult(onnx_path, mpath, manifest, checks, built.notes)
+
+
+def _uses_external_data(onnx_path: Path) -> bool:
+    import onnx
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    return any(init.data_location == onnx.TensorProto.EXTERNAL for init in proto.graph.initializer)
 
 
 def _relink_external_data(onnx_path: Path, location: str) -> None:

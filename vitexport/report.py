@@ -76,6 +76,8 @@ def print_table(report: BenchReport, console=None) -> None:
             console.print(f"  [dim]{r.name}: unavailable: {escape(r.reason)}[/dim]")
         elif r.parity and not r.parity["passed"]:
             console.print(f"  [red]{r.name}: parity miss: {escape('; '.join(r.parity['failures']))}[/red]")
+    if report.model["random_weights"]:
+        console.print("  [yellow]Random weights (no checkpoint): latency is real, accuracy is meaningless.[/yellow]")
     env = report.environment
     console.print(f"  CPU: {escape(env['cpu'])} ({env['threads']} threads); GPU: "
                   f"{env['gpu']['name'] if env['gpu'] else 'none'}; wall time {report.wall_s:.0f}s")

@@ -22,6 +22,7 @@ class Runner(ABC):
     precision: str = "fp32"  # 'fp32' | 'bf16' | 'fp16' | 'int8'
     device: str = "cpu"  # 'cpu' | 'cuda'
     provider: str = ""  # e.g. 'CPUExecutionProvider', 'eager', 'autocast-bf16'
+    batch_range: tuple[int, int] | None = None  # (min, max) batch an engine accepts; None: any
 
     def __init__(self) -> None:
         self.loaded = False

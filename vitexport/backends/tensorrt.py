@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..engine.env import current_env, require_trt_and_gpu
-from ..engine.options import (EngineUnavailable, check_batch, check_compatibility, precision_from_plan_name,
-                              read_sidecar, rebuild_command, sidecar_for)
+from ..engine.options import (EngineUnavailable, check_batch, check_compatibility, onnx_digest, onnx_for_precision,
+                              precision_from_plan_name, read_sidecar, rebuild_command, sidecar_for)
 from ..errors import BackendUnavailable, VitexportError
 from .base import Runner
 
@@ -58,6 +58,10 @@ class TensorRTRunner(Runner):
         verdict = check_compatibility(sidecar, current_env(version, gpu), self.plan_path.parent)
         if not verdict.ok:
             raise BackendUnavailable(verdict.message)
+        source = onnx_for_precision(self.plan_path.parent, self.precision)
+        if source.is_file() and sidecar.get("source_onnx_sha256") not in (None, onnx_digest(source)):
+            raise BackendUnavailable(f"{self.plan_path.name} was built from an earlier {source.name}; rebuild it "
+                                     f"with `{rebuild}`.")
         if verdict.message:  # another GPU of the same compute capability: runs, tuned for the other one
             self.warnings.append(verdict.message)
             self.info["compatibility"] = verdict.message
@@ -100,6 +104,7 @@ class TensorRTRunner(Runner):
         self._input, self._output = inputs[0], outputs[0]
         mn, _opt, mx = engine.get_tensor_profile_shape(self._input, 0)
         self._batch_range = (int(mn[0]), int(mx[0]))
+        self.batch_range = self._batch_range
         self._chw = tuple(int(mn[i]) for i in range(1, len(mn)))
         in_dt, out_dt = engine.get_tensor_dtype(self._input), engine.get_tensor_dtype(self._output)
         if in_dt not in torch_dtypes or out_dt not in torch_dtypes:

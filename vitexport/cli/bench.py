@@ -8,7 +8,7 @@ import click
 
 from ..bench import BenchOptions, run_bench
 from ..compare import Thresholds
-from ..errors import ParityError
+from ..errors import ParityError, VitexportError
 from .common import MODEL_KEYS, handle_errors, make_log, pop_keys, quiet_option, spec_from, target_options
 
 
@@ -48,7 +48,8 @@ def _threshold_overrides(specs: tuple[str, ...]) -> dict[str, Thresholds]:
 @click.option("--threshold", "threshold_specs", multiple=True, metavar="PREC.FIELD=VALUE",
               help="Override a parity threshold, e.g. int8.cos_min=0.99 (see docs/PARITY.md).")
 @click.option("--strict", is_flag=True, help="Exit 1 when any backend misses a parity threshold.")
-@click.option("--no-prepare", is_flag=True, help="Do not export or quantize missing artifacts.")
+@click.option("--no-prepare", is_flag=True,
+              help="Do not export or convert missing artifacts: bench only what exists (missing ones are listed).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
 @click.option("--markdown", "markdown_path", type=click.Path(path_type=Path), default=None)
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None)
@@ -73,20 +74,37 @@ def bench_command(model_path, data, batches, iterations, min_time, warmup, threa
         raise click.BadParameter("must be >= 0", param_hint="--min-time")
     if threads is not None and threads < 1:
         raise click.BadParameter("must be at least 1", param_hint="--threads")
+    if any(b < 1 for b in batches):
+        raise click.BadParameter("batch sizes must be at least 1", param_hint="--batch")
+    thresholds = _threshold_overrides(threshold_specs)
+    outputs = {"--json": json_path, "--markdown": markdown_path, "--csv": csv_path, "--plot": plot_path}
+    for flag, path in outputs.items():  # before minutes of work, not after
+        if path is not None and (path.is_dir() or not (path.parent.is_dir() or not path.parent.exists())):
+            raise click.BadParameter(f"{path} is a folder or lies under a file; give a file path", param_hint=flag)
+    if data is not None and not data.exists():
+        raise click.BadParameter(f"{data} does not exist", param_hint="--data")
     log = make_log(quiet)
     spec = spec_from(**pop_keys(kwargs, MODEL_KEYS))
-    folder, manifest = resolve_model_dir(model_path, log, spec)
+    folder, manifest = resolve_model_dir(model_path, log, spec, export=not no_prepare)
     if not no_prepare:
         for prec in ("fp16", "int8"):
             # default options; the bench measures parity itself, on its own inputs
-            prepare_precision(folder, prec, CalibOptions(check=False), log)
+            try:
+                prepare_precision(folder, prec, CalibOptions(check=False), log)
+            except ParityError:
+                raise
+            except VitexportError as e:  # the backend is then listed as unavailable, with its file missing
+                log.warn(f"Could not prepare the {prec.upper()} model: {e}")
         folder, manifest = resolve_model_dir(folder, log)
     opts = BenchOptions(data=data, batches=tuple(batches) or None, iterations=iterations, min_time=min_time,
-                        warmup=warmup, threads=threads, backends=tuple(backends),
-                        thresholds=_threshold_overrides(threshold_specs), strict=strict)
+                        warmup=warmup, threads=threads, backends=tuple(backends), thresholds=thresholds, strict=strict)
     report = run_bench(folder, manifest, opts, log)
     print_table(report)
-    for p in write_outputs(report, json_path, markdown_path, csv_path, plot_path):
+    try:
+        written = write_outputs(report, json_path, markdown_path, csv_path, plot_path)
+    except OSError as e:
+        raise VitexportError(f"Could not write the report: {e.strerror or e} ({e.filename}).") from None
+    for p in written:
         click.echo(f"wrote {p}")
     if not report.passed:
         failed = [r.name for r in report.results if r.available and r.parity and not r.parity["passed"]]

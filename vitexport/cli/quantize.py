@@ -25,6 +25,8 @@ def quantize_command(precision, model_path, quiet, **kwargs):
     if precision is None:
         raise click.UsageError("Choose --fp16 or --int8.")
     log = make_log(quiet)
+    if precision == "fp16" and (kwargs.get("calib_data") or kwargs.get("calib_samples")):
+        log.warn("--calib-data/--calib-samples only matter for --int8; FP16 needs no calibration.")
     calib = calib_from(**pop_keys(kwargs, CALIB_KEYS))
     spec = spec_from(**pop_keys(kwargs, MODEL_KEYS))
     result = run_quantize(model_path, precision, calib, log, spec=spec)

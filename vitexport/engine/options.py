@@ -150,6 +150,19 @@ def check_batch(batch: int, lo: int, hi: int, plan_name: str) -> None:
 _ONNX_FOR = {"fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
 
 
+def onnx_digest(onnx_path: Path) -> str:
+    """sha256 of an ONNX file, folding in its external data file when it has one (model.onnx.data)."""
+    import hashlib
+
+    from ..checkpoints import sha256_file
+
+    digest = sha256_file(onnx_path)
+    data = onnx_path.with_name(onnx_path.name + ".data")
+    if data.is_file():
+        digest = hashlib.sha256(f"{digest}:{sha256_file(data)}".encode()).hexdigest()
+    return digest
+
+
 def onnx_for_precision(folder: Path, precision: str) -> Path:
     """The ONNX that carries a precision: FP32 as exported, FP16 converted, INT8 with Q/DQ nodes."""
     if precision not in _ONNX_FOR:

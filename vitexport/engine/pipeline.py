@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..checkpoints import sha256_file
 from ..errors import VitexportError
 from ..paths import atomic_path
 from ..progress import QUIET, Log
 from .env import require_trt_and_gpu
-from .options import BuildOptions, make_sidecar, onnx_for_precision, plan_paths, write_sidecar
+from .options import BuildOptions, make_sidecar, onnx_digest, onnx_for_precision, plan_paths, write_sidecar
 
 PrepareOnnx = Callable[[str], Path]  # precision -> the ONNX that carries it (exporting / converting as needed)
 BuildFn = Callable[[Path, BuildOptions, Log], tuple[bytes, dict[str, Any]]]
@@ -40,15 +39,6 @@ def _default_build(onnx_path: Path, opts: BuildOptions, log: Log) -> tuple[bytes
     return build_engine(onnx_path, opts, log)
 
 
-def _onnx_digest(onnx_path: Path) -> str:
-    """sha256 of the ONNX file, folding in its external data file when it has one (model.onnx.data)."""
-    digest = sha256_file(onnx_path)
-    data = onnx_path.with_name(onnx_path.name + ".data")
-    if data.is_file():
-        digest = hashlib.sha256(f"{digest}:{sha256_file(data)}".encode()).hexdigest()
-    return digest
-
-
 def run_trt(model_dir: Path, opts: BuildOptions, log: Log = QUIET, prepare_onnx: PrepareOnnx | None = None,
             build: BuildFn | None = None) -> TrtResult:
     """Build model.<precision>.plan (+ .plan.json) in `model_dir`.
@@ -66,7 +56,7 @@ def run_trt(model_dir: Path, opts: BuildOptions, log: Log = QUIET, prepare_onnx:
     trt_version, gpu = require_trt_and_gpu()
     log.info(f"TensorRT {trt_version} on {gpu['name']} (compute capability {gpu['compute_capability']}).")
 
-    onnx_sha = _onnx_digest(onnx_path)
+    onnx_sha = onnx_digest(onnx_path)
     t0 = time.perf_counter()
     plan, info = (build or _default_build)(onnx_path, opts, log)
     seconds = time.perf_counter() - t0

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
+import os
+import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -24,7 +27,10 @@ def graph_precision(path: Path) -> str:
     """'int8' if the graph has Q/DQ nodes, 'fp16' if it computes in float16, else 'fp32'."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # protobuf's DecodeError, onnx's parse errors, OSError
+        raise VitexportError(f"{path} is not a readable ONNX model.") from None
     ops = {n.op_type for n in model.graph.node}
     if ops & set(QDQ_OPS):
         return "int8"
@@ -144,6 +150,11 @@ def quantize_int8(src: Path, dst: Path, x: np.ndarray, input_name: str, settings
 
     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
               "percentile": CalibrationMethod.Percentile}[settings.method]
+    if cache_file.is_file():
+        try:
+            json.loads(cache_file.read_text())
+        except (OSError, ValueError):
+            cache_file.unlink()  # damaged (e.g. an interrupted write): calibrate again
     reused = cache_file.is_file()
     exclude = nodes_to_exclude(src, settings)
     with tempfile.TemporaryDirectory(prefix="vitexport-quant-") as tmp:
@@ -162,6 +173,8 @@ def quantize_int8(src: Path, dst: Path, x: np.ndarray, input_name: str, settings
             "CalibPercentile": settings.percentile,
         }
         cache_file.parent.mkdir(parents=True, exist_ok=True)
+        # onnxruntime writes a new cache in place; let it write a temporary file, renamed when complete
+        cache_arg = cache_file if reused else Path(tmp) / "calibration.json"
         # onnxruntime prints calibration chatter on stdout, which belongs to our results
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
@@ -170,8 +183,12 @@ def quantize_int8(src: Path, dst: Path, x: np.ndarray, input_name: str, settings
                 quant_format=QuantFormat.QDQ, op_types_to_quantize=list(LINEAR_OPS), per_channel=True,
                 reduce_range=False, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                 nodes_to_exclude=exclude, calibrate_method=method, extra_options=extra,
-                calibration_cache_path=str(cache_file),
+                calibration_cache_path=str(cache_arg),
             )
+        if not reused:  # copy beside the cache (same file system), then rename: never a half-written cache
+            staged = cache_file.with_name(cache_file.name + ".tmp")
+            shutil.copyfile(cache_arg, staged)
+            os.replace(staged, cache_file)
     return reused
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from .. import __version__
 from ..checkpoints import sha256_file
 from ..compare import Thresholds, Verdict, compare, judge
-from ..data import Dataset, list_images, load_folder
+from ..data import Dataset, labels_for_model, list_images, load_folder
 from ..errors import ParityError, VitexportError
 from ..manifest import preprocess_of, read_manifest, update_manifest
 from ..paths import DIGITS_CALIB, DIGITS_HELDOUT, PHOTOS_CALIB, PHOTOS_HOLDOUT, atomic_path, shipped
@@ -53,20 +53,27 @@ def default_heldout_dir(manifest: dict) -> Path:
     return shipped(*(DIGITS_HELDOUT if manifest["variant"] == DIGITS_VARIANT else PHOTOS_HOLDOUT))
 
 
-def resolve_model_dir(path: Path | None, log: Log = QUIET, spec=None) -> tuple[Path, dict]:
+def resolve_model_dir(path: Path | None, log: Log = QUIET, spec=None, export: bool = True) -> tuple[Path, dict]:
     """A model folder or an FP32 ONNX path -> (folder, manifest).
 
     Without a path: the default folder of `spec` (default: the default model), exported first if absent.
     """
     if path is None:
-        from ..export import ModelSpec, build_config, default_output_dir, run_export
+        from ..export import ModelSpec, build_config, default_output_dir, run_export, spec_differences
 
         spec = spec or ModelSpec()
         folder = default_output_dir(spec, build_config(spec).img_size)
         if not (folder / "manifest.json").is_file() or not (folder / "model.onnx").is_file():
+            if not export:
+                raise VitexportError(f"No exported model at {folder}; run `vitexport onnx` first.")
             log.info(f"No exported model at {folder}: exporting {spec.variant} first.")
             run_export(spec, log=log)
-        return folder, read_manifest(folder)
+        manifest = read_manifest(folder)
+        diffs = spec_differences(spec, manifest)
+        if diffs:
+            raise VitexportError(f"{folder} holds another export ({'; '.join(diffs)}); re-export with "
+                                 f"`vitexport onnx ... --force`, or use `--output` and pass that folder.")
+        return folder, manifest
     path = Path(path)
     if not path.exists():
         raise VitexportError(f"{path} does not exist.")
@@ -77,6 +84,8 @@ def resolve_model_dir(path: Path | None, log: Log = QUIET, spec=None) -> tuple[P
         if prec != "fp32":
             raise VitexportError(f"{path} is already {prec.upper()}; convert from the FP32 model "
                                  f"{folder / manifest['onnx']}.")
+        raise VitexportError(f"{path} is not the model the manifest in {folder} describes "
+                             f"({manifest['onnx']}); pass the folder or that file.")
     if not (folder / manifest["onnx"]).is_file():
         raise VitexportError(f"The manifest in {folder} names {manifest['onnx']}, which is missing; re-export.")
     return folder, manifest
@@ -112,6 +121,8 @@ def load_calibration(root: Path, manifest: dict, samples: int | None, log: Log) 
     n = min(samples, total) if (samples is not None and total is not None) else samples
     with log.step(f"Loading calibration data from {root}"):
         data = load_folder(root, pp, limit=n)
+    if total is None and samples is not None and len(data) < samples:
+        log.warn(f"Asked for {samples} calibration inputs, {root} has only {len(data)}: using {len(data)}.")
     log.info(f"{len(data)} calibration inputs")
     return data
 
@@ -158,9 +169,13 @@ def run_quantize(model: Path | None, precision: str, opts: CalibOptions | None =
     held: Dataset | None = None
     if opts.check:
         held_dir = Path(opts.check_data) if opts.check_data else default_heldout_dir(manifest)
-        if opts.data is not None and held_dir.resolve() == Path(opts.data).resolve():
+        calib_dir = Path(opts.data) if opts.data else default_calib_dir(manifest)
+        if precision == "int8" and held_dir.resolve() == calib_dir.resolve():
             raise VitexportError("The check data is the calibration data; pass held-out images with --check-data.")
         held = load_folder(held_dir, preprocess_of(manifest))
+        held.labels, why = labels_for_model(held, int(manifest["num_classes"]))
+        if why:
+            log.warn(f"Class folders of {held_dir} not used as labels: {why}.")
 
     staging_suffix = f".{precision}.onnx"
     with atomic_path(out_path, suffix=staging_suffix) as tmp:
@@ -181,7 +196,8 @@ def run_quantize(model: Path | None, precision: str, opts: CalibOptions | None =
             if summary["nonzero_zero_points"]:
                 raise VitexportError("Quantization produced non-zero zero points, which TensorRT rejects.")
             record.update({"calibration": {"key": key, "method": opts.int8.method, "samples": len(data),
-                                           "data": str(calib_root), **opts.int8.to_dict()}, "qdq": summary})
+                                           "data": str(calib_root.resolve()), "requested_samples": opts.samples,
+                                           **opts.int8.to_dict()}, "qdq": summary})
         verdict = None
         if held is not None:
             with log.step(f"Checking {precision.upper()} against FP32 on {len(held)} held-out inputs ({held.source})"):
@@ -231,7 +247,20 @@ def prepare_precision(model_dir: Path, precision: str, calib: CalibOptions | Non
     rec = manifest.get("precisions", {}).get(precision)
     if out.is_file() and rec and rec.get("source_sha256") == manifest.get("onnx_sha256") \
             and rec.get("sha256") == sha256_file(out):
-        log.info(f"Using the existing {out.name}.")
-        return out
-    log.info(f"{out.name} is missing or was made from another model: making it now.")
+        if calib is None or _made_with(rec, precision, calib, manifest):
+            log.info(f"Using the existing {out.name}.")
+            return out
+        log.info(f"{out.name} was made with other options: making it again.")
+    else:
+        log.info(f"{out.name} is missing or was made from another model: making it now.")
     return run_quantize(folder, precision, calib, log).onnx_path
+
+
+def _made_with(rec: dict, precision: str, calib: CalibOptions, manifest: dict) -> bool:
+    """Whether an existing conversion record matches the options asked for now."""
+    if precision == "fp16":
+        return list(rec.get("keep_fp32", [])) == list(calib.keep_fp32)
+    cal = rec.get("calibration") or {}
+    data = Path(calib.data) if calib.data else default_calib_dir(manifest)
+    wanted = {"data": str(data.resolve()), "requested_samples": calib.samples, **calib.int8.to_dict()}
+    return all(cal.get(k) == v for k, v in wanted.items())
