@@ -7,7 +7,6 @@ normalise with mean/std. Grayscale, palette and RGBA images are converted to RGB
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,15 +145,6 @@ def _load_npy(paths: list[Path], pp: Preprocess, limit: int | None) -> Dataset:
     if limit is not None and limit < len(x):
         x = x[select(list(range(len(x))), limit)]
     return Dataset(x, None, list(paths), None, ",".join(map(str, paths)))
-
-
-def files_digest(files: list[Path]) -> str:
-    """Content hash of a list of files (names relative to their common folder, and bytes)."""
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        h.update(hashlib.sha256(Path(f).read_bytes()).digest())
-    return h.hexdigest()
 
 
 def labels_for_model(data: Dataset, num_classes: int) -> tuple[np.ndarray | None, str | None]:

@@ -13,7 +13,7 @@ import numpy as np
 from .. import __version__
 from ..checkpoints import sha256_file
 from ..compare import Thresholds, Verdict, compare, judge
-from ..data import Dataset, labels_for_model, list_images, load_folder
+from ..data import Dataset, labels_for_model, load_folder
 from ..errors import ParityError, VitexportError
 from ..manifest import preprocess_of, read_manifest, update_manifest
 from ..paths import DIGITS_CALIB, DIGITS_HELDOUT, PHOTOS_CALIB, PHOTOS_HOLDOUT, atomic_path, shipped
@@ -42,7 +42,6 @@ class PrecisionResult:
     verdict: Verdict | None
     cache_reused: bool | None
     calib_key: str | None
-    notes: list[str] = field(default_factory=list)
 
 
 def default_calib_dir(manifest: dict) -> Path:
@@ -110,18 +109,11 @@ def calibration_key(fp32_sha: str, files: list[Path], root: Path, manifest: dict
 
 
 def load_calibration(root: Path, manifest: dict, samples: int | None, log: Log) -> Dataset:
-    pp = preprocess_of(manifest)
-    root = Path(root)
-    files = list_images(root) if root.is_dir() else []
-    total = len(files) if files else None
     if samples is not None and samples < 1:
         raise VitexportError("--calib-samples must be at least 1.")
-    if total is not None and samples is not None and total < samples:
-        log.warn(f"Asked for {samples} calibration images, {root} has only {total}: using {total}.")
-    n = min(samples, total) if (samples is not None and total is not None) else samples
     with log.step(f"Loading calibration data from {root}"):
-        data = load_folder(root, pp, limit=n)
-    if total is None and samples is not None and len(data) < samples:
+        data = load_folder(Path(root), preprocess_of(manifest), limit=samples)
+    if samples is not None and len(data) < samples:
         log.warn(f"Asked for {samples} calibration inputs, {root} has only {len(data)}: using {len(data)}.")
     log.info(f"{len(data)} calibration inputs")
     return data
@@ -161,7 +153,6 @@ def run_quantize(model: Path | None, precision: str, opts: CalibOptions | None =
         raise VitexportError(f"{fp32} keeps its weights in external data (over 2 GB); INT8 calibration of such "
                              f"models is not supported yet (FP16 is).")
     out_path = folder / OUTPUT_NAMES[precision]
-    notes: list[str] = []
     key, reused = None, None
     record: dict = {"file": out_path.name, "source_sha256": fp32_sha}
 
@@ -211,7 +202,7 @@ def run_quantize(model: Path | None, precision: str, opts: CalibOptions | None =
                                   f"kept it as {rejected} and left {out_path.name} unchanged.")
     record["sha256"] = sha256_file(out_path)
     update_manifest(folder, precisions={precision: record})
-    return PrecisionResult(precision, out_path, verdict, reused, key, notes)
+    return PrecisionResult(precision, out_path, verdict, reused, key)
 
 
 def _calibrate_and_quantize(fp32: Path, dst: Path, data: Dataset, manifest: dict, settings: Int8Settings,
