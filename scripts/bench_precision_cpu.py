@@ -15,7 +15,7 @@ from pathlib import Path
 from vitexport.bench import BenchOptions, run_bench
 from vitexport.precision import CalibOptions, run_quantize
 from vitexport.precision.convert import Int8Settings
-from vitexport.precision.pipeline import prepare_precision, resolve_model_dir
+from vitexport.precision.prepare import prepare_precision, resolve_model_dir
 from vitexport.progress import Log
 
 

@@ -19,7 +19,7 @@ fail() { printf 'gpu_smoke: FAILED: %s\n' "$*" >&2; exit 1; }
 step "environment"
 python - <<'PY' || fail "TensorRT and a CUDA GPU are required for this script"
 import sys
-from vitexport.engine.env import require_trt_and_gpu
+from vitexport.tensorrt_engine.probe import require_trt_and_gpu
 from vitexport.errors import VitexportError
 try:
     version, gpu = require_trt_and_gpu()

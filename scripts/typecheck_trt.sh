@@ -16,4 +16,4 @@ cd "$root"
 MYPYPATH="$TRT_STUBS_DIR/stubs" exec "$python" -m mypy \
     --config-file "$root/scripts/mypy-trt.ini" \
     --no-incremental --cache-dir "$TRT_STUBS_DIR/mypy-cache" \
-    vitexport/engine/trt_build.py vitexport/backends/tensorrt.py "$@"
+    vitexport/tensorrt_engine/trt_build.py vitexport/backends/tensorrt.py "$@"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from vitexport.compare import DEFAULT_THRESHOLDS
-from vitexport.engine.env import cuda_gpu, tensorrt_version
-from vitexport.engine.options import BuildOptions, read_sidecar
+from vitexport.tensorrt_engine.probe import cuda_gpu, tensorrt_version
+from vitexport.tensorrt_engine.options import BuildOptions, read_sidecar
 
 _TRT = tensorrt_version()
 _GPU = cuda_gpu() if _TRT else None
@@ -59,7 +59,7 @@ def reference(model_dir, inputs):
 
 
 def _build(model_dir, precision):
-    from vitexport.engine.pipeline import run_trt
+    from vitexport.tensorrt_engine.compile import run_trt
     from vitexport.precision import prepare_precision
     from vitexport.progress import QUIET
 

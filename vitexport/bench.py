@@ -112,7 +112,7 @@ def environment(threads: int) -> dict:
     import onnxruntime
     import torch
 
-    from .engine.env import tensorrt_version
+    from .tensorrt_engine.probe import tensorrt_version
 
     env = {
         "cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "platform": platform.platform(),
@@ -123,7 +123,7 @@ def environment(threads: int) -> dict:
         "gpu": None,
     }
     if torch.cuda.is_available():
-        from .engine.env import cuda_driver_version
+        from .tensorrt_engine.probe import cuda_driver_version
 
         env["gpu"] = {"name": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
                       "cuda_runtime": torch.version.cuda, "driver": cuda_driver_version()}
@@ -216,7 +216,7 @@ def run_bench(folder: Path, manifest: dict, opts: BenchOptions, log: Log = QUIET
     import torch
 
     from .export import model_from_manifest
-    from .precision.pipeline import default_heldout_dir
+    from .precision.prepare import default_heldout_dir
 
     t_start = time.perf_counter()
     threads = opts.threads or os.cpu_count() or 1

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..engine.env import current_env, require_trt_and_gpu
-from ..engine.options import (EngineUnavailable, check_batch, check_compatibility, onnx_digest, onnx_for_precision,
+from ..tensorrt_engine.probe import current_env, require_trt_and_gpu
+from ..tensorrt_engine.options import (EngineUnavailable, check_batch, check_compatibility, onnx_digest, onnx_for_precision,
                               precision_from_plan_name, read_sidecar, rebuild_command, sidecar_for)
 from ..errors import BackendUnavailable, VitexportError
 from .base import Runner

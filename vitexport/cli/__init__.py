@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from .bench import bench_command
-from .onnx import onnx_command
-from .quantize import quantize_command
-from .trt import trt_command
+from .bench_cmd import bench_command
+from .onnx_cmd import onnx_command
+from .quantize_cmd import quantize_command
+from .trt_cmd import trt_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -8,6 +8,6 @@ After each conversion the new model is run against the FP32 ONNX on held-out ima
 images) and judged with the per-precision thresholds of vitexport.compare.
 """
 
-from .pipeline import CalibOptions, PrecisionResult, prepare_precision, run_quantize
+from .prepare import CalibOptions, PrecisionResult, prepare_precision, run_quantize
 
 __all__ = ["CalibOptions", "PrecisionResult", "prepare_precision", "run_quantize"]

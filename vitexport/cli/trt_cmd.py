@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .common import (CALIB_KEYS, MODEL_KEYS, calib_from, calib_options, handle_errors, make_log, pop_keys,
+from .groups import (CALIB_KEYS, MODEL_KEYS, calib_from, calib_options, handle_errors, make_log, pop_keys,
                      quiet_option, spec_from, target_options)
 
 
@@ -32,9 +32,9 @@ def trt_command(precision, model_path, min_batch, opt_batch, max_batch, workspac
     The FP16/INT8 ONNX is made first when missing (same options as `vitexport quantize`). Without
     TensorRT the command still writes it, then exits 4 (TensorRT not installed) or 5 (no CUDA GPU).
     """
-    from ..engine.options import BuildOptions
-    from ..engine.pipeline import run_trt
-    from ..precision.pipeline import prepare_precision, resolve_model_dir
+    from ..tensorrt_engine.options import BuildOptions
+    from ..tensorrt_engine.compile import run_trt
+    from ..precision.prepare import prepare_precision, resolve_model_dir
 
     log = make_log(quiet)
     calib = calib_from(**pop_keys(kwargs, CALIB_KEYS))

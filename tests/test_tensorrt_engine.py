@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from vitexport.backends.tensorrt import TensorRTRunner
-from vitexport.engine import env, pipeline
-from vitexport.engine.options import (EXIT_NO_GPU, EXIT_NO_TENSORRT, BuildOptions, EngineUnavailable, check_batch,
+from vitexport.tensorrt_engine import compile as pipeline, probe as env
+from vitexport.tensorrt_engine.options import (EXIT_NO_GPU, EXIT_NO_TENSORRT, BuildOptions, EngineUnavailable, check_batch,
                                       check_compatibility, check_trt_version, input_chw, make_sidecar,
                                       onnx_for_precision, parse_failure_message, plan_paths, precision_from_plan_name,
                                       profile_shapes, read_sidecar, write_sidecar)
@@ -447,7 +447,7 @@ def test_runner_infer_before_load_is_refused(tmp_path):
 # -- import hygiene ---------------------------------------------------------------------------------------------------
 
 def test_importing_vitexport_and_the_engine_modules_does_not_import_tensorrt():
-    code = ("import sys, vitexport, vitexport.engine.pipeline, vitexport.engine.env, vitexport.engine.options, "
+    code = ("import sys, vitexport, vitexport.tensorrt_engine.compile, vitexport.tensorrt_engine.probe, vitexport.tensorrt_engine.options, "
             "vitexport.backends.tensorrt; "
             "assert 'tensorrt' not in sys.modules, 'tensorrt was imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

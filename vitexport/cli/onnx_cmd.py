@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..export import DEFAULT_ATOL, DEFAULT_OPSET, run_export
-from .common import handle_errors, make_log, model_options, quiet_option, spec_from
+from .groups import handle_errors, make_log, model_options, quiet_option, spec_from
 
 
 @click.command("onnx")

@@ -9,7 +9,7 @@ import click
 from ..bench import BenchOptions, run_bench
 from ..compare import Thresholds
 from ..errors import ParityError, VitexportError
-from .common import MODEL_KEYS, handle_errors, make_log, pop_keys, quiet_option, spec_from, target_options
+from .groups import MODEL_KEYS, handle_errors, make_log, pop_keys, quiet_option, spec_from, target_options
 
 
 def _threshold_overrides(specs: tuple[str, ...]) -> dict[str, Thresholds]:
@@ -64,7 +64,7 @@ def bench_command(model_path, data, batches, iterations, min_time, warmup, threa
     model) is used; missing ONNX, FP16 and INT8 artifacts are prepared first.
     """
     from ..precision import CalibOptions
-    from ..precision.pipeline import prepare_precision, resolve_model_dir
+    from ..precision.prepare import prepare_precision, resolve_model_dir
     from ..report import print_table, write_outputs
 
     for name, v in (("--iterations", iterations), ("--warmup", warmup)):

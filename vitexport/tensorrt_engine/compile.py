@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..errors import VitexportError
 from ..paths import atomic_path
 from ..progress import QUIET, Log
-from .env import require_trt_and_gpu
+from .probe import require_trt_and_gpu
 from .options import BuildOptions, make_sidecar, onnx_digest, onnx_for_precision, plan_paths, write_sidecar
 
 PrepareOnnx = Callable[[str], Path]  # precision -> the ONNX that carries it (exporting / converting as needed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..precision import run_quantize
-from .common import (CALIB_KEYS, MODEL_KEYS, calib_from, calib_options, handle_errors, make_log, pop_keys,
+from .groups import (CALIB_KEYS, MODEL_KEYS, calib_from, calib_options, handle_errors, make_log, pop_keys,
                      quiet_option, spec_from, target_options)
 
 
