@@ -1,0 +1,126 @@
+"""Q/DQ graphs on the trained digits model: the TensorRT-shaped INT8 graph's invariants and accuracy on real
+labels, the CPU INT8 graph, weight quantization, and graph ordering."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from vitexport.cli import cli
+from vitexport.data import load_folder
+from vitexport.precision.calibrate import calibrate
+from vitexport.precision.qdq import (LINEAR_OPS, INT8_MAX, insert_qdq, quantize_weight, select_gemms,
+                                     topological_sort, trt_int8_invariants, write_trt_int8)
+from vitexport.variants import DIGITS_VARIANT, VARIANTS
+
+from conftest import ROOT
+
+CALIB = ROOT / "calibration" / "digits" / "calib"
+HELDOUT = ROOT / "calibration" / "digits" / "heldout"
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qdq") / "digits"
+    r = CliRunner().invoke(cli, ["onnx", "-m", DIGITS_VARIANT, "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    return out / "model.onnx"
+
+
+@pytest.fixture(scope="module")
+def pp():
+    return VARIANTS[DIGITS_VARIANT].preprocess()
+
+
+@pytest.fixture(scope="module")
+def ranges(digits, pp):
+    graph = onnx.load(str(digits)).graph
+    data = load_folder(CALIB, pp)
+    sel = select_gemms(graph, set(), quantize_attention=True)  # every activation any variant below needs
+    return calibrate(digits, sel.activations, (data.x[i:i + 16] for i in range(0, len(data), 16)),
+                     "pixel_values", "percentile").amax
+
+
+@pytest.fixture(scope="module")
+def heldout(pp):
+    return load_folder(HELDOUT, pp)
+
+
+def _top1(path, data):
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    logits = np.concatenate([sess.run(None, {"pixel_values": data.x[i:i + 64]})[0] for i in range(0, len(data), 64)])
+    return float((logits.argmax(1) == data.labels).mean()) * 100
+
+
+def test_trt_graph_has_tensorrt_invariants_and_keeps_accuracy(digits, ranges, heldout, tmp_path):
+    graph = onnx.load(str(digits)).graph
+    sel = select_gemms(graph, set(), skip_matrix_vector=True)
+    dst = tmp_path / "model.int8.trt.onnx"
+    write_trt_int8(digits, dst, sel, ranges)
+    onnx.checker.check_model(str(dst), full_check=True)
+    model = onnx.load(str(dst))
+    inv = trt_int8_invariants(model)
+    assert inv["q_on_gemm_output"] == 0
+    assert inv["outputs_from_dq"] == 0
+    assert inv["scale_types"] == ["FLOAT16"]
+    assert inv["nonzero_zero_points"] == 0
+    assert inv["casts_after_dq"] == 0
+    assert inv["dq_feeding_only_gemms"] == inv["dq_nodes"] > 0
+    assert inv["float_tensors"]["FLOAT16"] > 0.9 * sum(inv["float_tensors"].values())
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 19
+    # which GEMMs got INT8: every weight GEMM but the head; not the attention products
+    fed = {n.name for n in model.graph.node if n.op_type in LINEAR_OPS
+           and any(i.endswith("_dq") for i in n.input)}
+    assert "head/Gemm" not in fed and not any(n.endswith("attn/MatMul") or n.endswith("attn/MatMul_1") for n in fed)
+    assert "patch_embed.proj/Conv" in fed and sum(n.endswith("mlp.fc2/MatMul") for n in fed) == 4
+    # the graph's I/O stay FP32 for callers
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    fp32_acc, acc = _top1(digits, heldout), _top1(dst, heldout)
+    assert fp32_acc >= 95.0
+    assert abs(fp32_acc - acc) <= 1.0, (fp32_acc, acc)
+
+
+def test_cpu_graph_fp32_remainder_and_attention_option(digits, ranges, heldout, tmp_path):
+    fp32 = onnx.load(str(digits))
+    sel = select_gemms(fp32.graph, set(), quantize_attention=True)
+    model = insert_qdq(onnx.load(str(digits)), onnx.load(str(digits)), sel, ranges, np.float32)
+    onnx.checker.check_model(model, full_check=True)
+    inv = trt_int8_invariants(model)
+    assert inv["scale_types"] == ["FLOAT"] and inv["q_on_gemm_output"] == 0
+    attn = [n for n in model.graph.node if n.name.endswith("attn/MatMul")]
+    assert attn and all(all(i.endswith("_dq") for i in n.input) for n in attn)  # both activations quantized
+    dst = tmp_path / "cpu.onnx"
+    onnx.save_model(model, str(dst))
+    assert abs(_top1(digits, heldout) - _top1(dst, heldout)) <= 1.0
+
+
+def test_excluded_nodes_stay_float(digits):
+    graph = onnx.load(str(digits)).graph
+    everything = select_gemms(graph, set())
+    fewer = select_gemms(graph, {"blocks.0.mlp.fc1/MatMul"})
+    assert set(everything.nodes) - set(fewer.nodes) == {"blocks.0.mlp.fc1/MatMul"}
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_weight_quantization_error_is_at_most_half_a_step(axis):
+    rng = np.random.default_rng(axis)
+    w = rng.standard_normal((48, 40)).astype(np.float32) * rng.uniform(0.01, 3, size=(48, 1) if axis == 0 else (1, 40))
+    q, scale = quantize_weight(w, axis, np.float32)
+    s = scale.reshape((-1, 1) if axis == 0 else (1, -1))
+    assert q.dtype == np.int8 and np.abs(q).max() == INT8_MAX
+    assert np.all(np.abs(w - q.astype(np.float32) * s) <= s / 2 + 1e-6)
+    # every channel uses its full range: per-channel, not per-tensor
+    assert np.all(np.abs(q).max(axis=1 - axis) == INT8_MAX)
+
+
+def test_topological_sort_restores_a_checkable_graph(digits):
+    model = onnx.load(str(digits))
+    nodes = list(model.graph.node)[::-1]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(model)
+    topological_sort(model.graph)
+    onnx.checker.check_model(model, full_check=True)

@@ -1,0 +1,209 @@
+"""Activation ranges for INT8, collected batch by batch in bounded memory.
+
+The FP32 model is run with the tensors to calibrate added as graph outputs; each batch updates one small
+collector per tensor and is then dropped, so peak memory depends on the batch size, never on the number of
+calibration images. Three methods, all symmetric (|x|), as TensorRT needs:
+
+- ``minmax``: the largest |x| seen;
+- ``percentile``: the given percentile of |x| (a histogram merged across batches);
+- ``entropy``: TensorRT's KL-divergence threshold on the same histogram (as NVIDIA's calibrators pick it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..errors import VitexportError
+
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+HIST_BINS = 2048  # bins of the first batch's range; later batches extend the range with the same bin width
+MAX_BINS = 1 << 15  # beyond this many bins, adjacent bins are merged (the width doubles)
+ENTROPY_QUANT_BINS = 128  # int8, symmetric: 128 levels on each side
+ENTROPY_STRIDE = 4  # thresholds tried every this many bins (1 is exhaustive; 4 is within a bin width of it)
+
+Tick = Callable[[int], None]
+
+
+class AbsHistogram:
+    """A histogram of |x| with a fixed bin width, grown as larger values arrive; merging batches is exact."""
+
+    def __init__(self, bins: int = HIST_BINS) -> None:
+        self.first_bins = bins
+        self.width = 0.0
+        self.counts: np.ndarray | None = None  # int64 counts; bin i covers [i * width, (i + 1) * width)
+        self.amax = 0.0
+
+    def update(self, x: np.ndarray) -> None:
+        a = np.abs(np.asarray(x, dtype=np.float32).ravel())
+        if not a.size:
+            return
+        amax = float(a.max())
+        if not math.isfinite(amax):
+            raise VitexportError("Calibration saw NaN or Inf activations; check the calibration inputs.")
+        self.amax = max(self.amax, amax)
+        if self.counts is None:
+            self.width = (amax / self.first_bins) if amax > 0 else 1e-8
+            self.counts = np.zeros(self.first_bins, dtype=np.int64)
+        needed = int(amax / self.width) + 1
+        if needed > len(self.counts):
+            self._grow(needed)
+        idx = (a * np.float32(1.0 / self.width)).astype(np.int64)
+        np.minimum(idx, len(self.counts) - 1, out=idx)
+        self.counts += np.bincount(idx, minlength=len(self.counts))
+
+    def _grow(self, needed: int) -> None:
+        assert self.counts is not None
+        factor = 1
+        while needed > MAX_BINS * factor:
+            factor *= 2
+        counts = self.counts
+        if factor > 1:  # merge runs of `factor` bins: the width grows, no count moves to a wrong bin
+            pad = (-len(counts)) % factor
+            counts = np.concatenate([counts, np.zeros(pad, dtype=np.int64)]).reshape(-1, factor).sum(1)
+            self.width *= factor
+            needed = -(-needed // factor)
+        self.counts = np.concatenate([counts, np.zeros(max(0, needed - len(counts)), dtype=np.int64)])
+
+    def coarse(self, max_bins: int) -> tuple[np.ndarray, float]:
+        """(counts, width) with at most max_bins bins, adjacent bins summed."""
+        assert self.counts is not None
+        factor = -(-len(self.counts) // max_bins)
+        if factor <= 1:
+            return self.counts.astype(np.float64), self.width
+        pad = (-len(self.counts)) % factor
+        counts = np.concatenate([self.counts, np.zeros(pad, dtype=np.int64)]).reshape(-1, factor).sum(1)
+        return counts.astype(np.float64), self.width * factor
+
+    def percentile_amax(self, percentile: float) -> float:
+        assert self.counts is not None
+        cdf = np.cumsum(self.counts, dtype=np.float64)
+        i = int(np.searchsorted(cdf, cdf[-1] * percentile / 100.0))
+        return min(self.amax, (i + 1) * self.width)
+
+    def entropy_amax(self) -> float:
+        """The threshold whose 128-level quantization loses least information (KL divergence), as TensorRT."""
+        counts, width = self.coarse(HIST_BINS)
+        return min(self.amax, _kl_threshold(counts) * width)
+
+
+def _kl_threshold(hist: np.ndarray, nq: int = ENTROPY_QUANT_BINS, stride: int = ENTROPY_STRIDE) -> int:
+    """Bins kept (the threshold in bins) minimising KL(reference || quantized); TensorRT's entropy calibration."""
+    hist = hist.copy()
+    if len(hist) > 1:
+        hist[0] = hist[1]  # the zero bin is dominated by exact zeros (padding, ReLU-like ops): TensorRT drops it
+    n = len(hist)
+    if n <= nq:
+        return n
+    best, best_i = math.inf, n
+    for i in range(nq, n + 1, stride):
+        ref = hist[:i].copy()
+        ref[-1] += hist[i:].sum()  # outliers clipped into the last kept bin
+        level = (np.arange(i) * nq) // i  # which of the nq quantized bins each kept bin falls in
+        nonzero = hist[:i] > 0
+        sums = np.bincount(level, weights=hist[:i], minlength=nq)
+        used = np.bincount(level, weights=nonzero.astype(np.float64), minlength=nq)
+        expanded = np.where(nonzero, (sums / np.maximum(used, 1))[level], 0.0)
+        p, q = ref / ref.sum(), expanded / max(expanded.sum(), 1e-30)
+        mask = p > 0
+        if np.any(mask & (q == 0)):
+            div = math.inf
+        else:
+            div = float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+        if div <= best:  # ties: the larger threshold (fewer clipped values), as TensorRT takes the last minimum
+            best, best_i = div, i
+    return best_i
+
+
+class _Collector:
+    def __init__(self, method: str, percentile: float) -> None:
+        self.method, self.percentile = method, percentile
+        self.amax = 0.0
+        self.hist = AbsHistogram() if method != "minmax" else None
+
+    def update(self, x: np.ndarray) -> None:
+        if self.hist is not None:
+            self.hist.update(x)
+        else:
+            m = float(np.abs(x).max()) if x.size else 0.0
+            if not math.isfinite(m):
+                raise VitexportError("Calibration saw NaN or Inf activations; check the calibration inputs.")
+            self.amax = max(self.amax, m)
+
+    def result(self) -> float:
+        if self.hist is None:
+            return self.amax
+        if self.hist.counts is None:
+            return 0.0
+        if self.method == "percentile":
+            return self.hist.percentile_amax(self.percentile)
+        return self.hist.entropy_amax()
+
+
+@dataclass
+class CalibrationStats:
+    amax: dict[str, float]  # tensor name -> symmetric range (scale = amax / 127)
+    samples: int
+    seconds: float
+
+
+def observed_model_bytes(model_path: Path, tensors: list[str]) -> bytes:
+    """The FP32 model with `tensors` added as graph outputs, serialized (ONNX Runtime loads it from memory)."""
+    import onnx
+
+    model = onnx.load(str(model_path))
+    known = {o.name for o in model.graph.output}
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
+    produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    for name in tensors:
+        if name not in produced:
+            raise VitexportError(f"The graph has no tensor {name!r} to calibrate.")
+        if name not in known:
+            model.graph.output.append(
+                onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT), None))
+    return model.SerializeToString()
+
+
+def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray], input_name: str,
+              method: str = "percentile", percentile: float = 99.999, threads: int | None = None,
+              tick: Tick | None = None) -> CalibrationStats:
+    """Run `batches` through the FP32 model and return each tensor's symmetric range; memory stays flat."""
+    if method not in CALIBRATION_METHODS:
+        raise VitexportError(f"Unknown calibration method {method!r}; choose one of: {', '.join(CALIBRATION_METHODS)}.")
+    if not 0 < percentile <= 100:
+        raise VitexportError(f"The calibration percentile must be in (0, 100], got {percentile}.")
+    t0 = time.perf_counter()
+    sess = _session(observed_model_bytes(Path(model_path), tensors), threads)
+    collectors = {t: _Collector(method, percentile) for t in tensors}
+    n = 0
+    for x in batches:
+        outs = sess.run(tensors, {input_name: np.ascontiguousarray(x, dtype=np.float32)})
+        for name, out in zip(tensors, outs):
+            collectors[name].update(out)
+        del outs
+        n += len(x)
+        if tick is not None:
+            tick(len(x))
+    if n == 0:
+        raise VitexportError("No calibration inputs were given.")
+    amax = {t: float(c.result()) for t, c in collectors.items()}
+    return CalibrationStats(amax, n, time.perf_counter() - t0)
+
+
+def _session(model: bytes, threads: int | None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's own exception types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise VitexportError(f"ONNX Runtime could not load the model for calibration: {first[:300]}") from None

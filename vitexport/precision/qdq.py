@@ -1,0 +1,303 @@
+"""INT8 Q/DQ graphs: which GEMMs are quantized, and the TensorRT-shaped INT8 graph.
+
+Two INT8 files come from one calibration:
+
+- ``model.int8.onnx`` (CPU runtimes): ONNX Runtime's QDQ quantizer, FP32 between the INT8 GEMMs, GEMM outputs
+  quantized too (what ONNX Runtime's and OpenVINO's CPU kernels fuse best);
+- ``model.int8.trt.onnx`` (TensorRT): the placement NVIDIA's ModelOpt uses for TensorRT. Q/DQ only on the
+  *inputs* of the weight GEMMs (activations per tensor, weights per output channel, symmetric, zero point 0),
+  never on their outputs; the logits, LayerNorm, Softmax, the attention products (by default) and
+  matrix-vector products stay unquantized; every other op runs in FP16 with FP16 scales (opset 19), so under
+  strong typing TensorRT fuses the DequantizeLinear into the GEMM and keeps the rest in FP16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import VitexportError
+
+LINEAR_OPS = ("MatMul", "Gemm", "Conv")
+TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
+INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q (TensorRT's convention)
+MIN_SCALE = 2.0 ** -14  # smallest normal FP16: a zero range still gets a representable scale
+
+
+@dataclass
+class GemmSelection:
+    """Which nodes of the FP32 graph are quantized, and the tensors whose ranges calibration must measure."""
+
+    nodes: list[str]  # node names, in graph order
+    activations: list[str]  # activation inputs of those nodes (Q/DQ before the GEMM)
+    outputs: list[str] = field(default_factory=list)  # their outputs (quantized in the CPU file only)
+
+    @property
+    def tensors(self) -> list[str]:
+        return list(dict.fromkeys(self.activations + self.outputs))
+
+
+def _constants(graph) -> set[str]:
+    return {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+
+
+def _rank(graph, name: str) -> int | None:
+    for vi in list(graph.value_info) + list(graph.input) + list(graph.output):
+        if vi.name == name and vi.type.tensor_type.HasField("shape"):
+            return len(vi.type.tensor_type.shape.dim)
+    return None
+
+
+def is_matrix_vector(graph, node) -> bool:
+    """A GEMM whose activation is (batch, K): one row per image, a matrix-vector product per image (the head).
+
+    TensorRT gains nothing from INT8 there, and ModelOpt leaves such products in float.
+    """
+    return node.op_type == "Gemm" or (node.op_type == "MatMul" and _rank(graph, node.input[0]) == 2)
+
+
+def select_gemms(graph, excluded: set[str], quantize_attention: bool = False, skip_matrix_vector: bool = False,
+                 with_outputs: bool = False) -> GemmSelection:
+    """The GEMMs to quantize: MatMul/Gemm/Conv with a constant weight, minus `excluded`.
+
+    quantize_attention adds the MatMuls of two activations (Q.K^T, A.V); skip_matrix_vector leaves (batch, K)
+    products (the head) in float.
+    """
+    consts = _constants(graph)
+    nodes, acts, outs = [], [], []
+    for node in graph.node:
+        if node.op_type not in LINEAR_OPS or node.name in excluded:
+            continue
+        weight_const = len(node.input) > 1 and node.input[1] in consts
+        if not weight_const and not (quantize_attention and node.op_type == "MatMul"):
+            continue
+        if weight_const and skip_matrix_vector and is_matrix_vector(graph, node):
+            continue
+        nodes.append(node.name)
+        acts += [i for i in node.input[:2] if i and i not in consts]
+        outs += list(node.output)
+    return GemmSelection(nodes, list(dict.fromkeys(acts)), list(dict.fromkeys(outs)) if with_outputs else [])
+
+
+# -- helpers on graphs --------------------------------------------------------------------------------------
+
+def topological_sort(graph) -> None:
+    """Order nodes so each comes after the producers of its inputs (onnx.checker requires it)."""
+    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered = []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(i in available for i in node.input) and _subgraph_inputs_ready(node, available):
+                ordered.append(node)
+                available.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            missing = sorted({i for n in rest for i in n.input if i not in available})[:3]
+            raise VitexportError(f"The graph has a cycle or unknown inputs ({', '.join(missing)}).")
+        pending = rest
+    if [id(n) for n in ordered] != [id(n) for n in graph.node]:
+        copies = [type(n)() for n in ordered]
+        for c, n in zip(copies, ordered):
+            c.CopyFrom(n)
+        del graph.node[:]
+        graph.node.extend(copies)
+
+
+def _subgraph_inputs_ready(node, available: set[str]) -> bool:
+    return not any(a.type == a.GRAPH for a in node.attribute)  # no control flow in a ViT; treat as ready
+
+
+def _weight_axis(node, weight_shape: tuple[int, ...]) -> int:
+    """The output-channel axis of a GEMM's weight: per-channel scales run along it."""
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    return len(weight_shape) - 1  # MatMul: (K, N)
+
+
+def quantize_weight(w: np.ndarray, axis: int, dtype=np.float16) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel symmetric INT8: (int8 weight, scale per channel along `axis`, of the given float type)."""
+    w = np.asarray(w, dtype=np.float32)
+    reduce = tuple(i for i in range(w.ndim) if i != axis)
+    amax = np.abs(w).max(axis=reduce) if reduce else np.abs(w)
+    scale = np.maximum(amax / INT8_MAX, MIN_SCALE).astype(dtype)  # rounded first: q uses the stored scale
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(w / scale.astype(np.float32).reshape(shape)), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scale
+
+
+def activation_scale(amax: float, dtype=np.float16) -> np.ndarray:
+    return np.asarray(max(float(amax) / INT8_MAX, MIN_SCALE), dtype=dtype)
+
+
+# -- the TensorRT-shaped graph ------------------------------------------------------------------------------
+
+def fp16_everywhere(fp32_model):
+    """FP32 ModelProto -> FP16 compute with FP32 graph inputs/outputs, nothing kept in FP32, sorted."""
+    import logging
+    import warnings
+
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("onnxruntime.transformers.float16").setLevel(logging.ERROR)
+        model = convert_float_to_float16(fp32_model, keep_io_types=True, op_block_list=[],
+                                         disable_shape_infer=False)
+    dedupe_nodes(model.graph)
+    topological_sort(model.graph)
+    return model
+
+
+def dedupe_nodes(graph) -> None:
+    """The FP16 converter inserts one Cast per consumer of a shared initializer, all with the same name and
+    output (the exporter shares identical initializers). Keep the first."""
+    seen: set[tuple] = set()
+    keep = []
+    for node in graph.node:
+        key = (node.name, node.op_type, tuple(node.input), tuple(node.output))
+        if node.op_type == "Cast" and key in seen:
+            continue
+        seen.add(key)
+        keep.append(node)
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, float], scale_dtype=np.float16):
+    """Put Q/DQ on the inputs of the selected GEMMs of `model16` (the FP16 model, or an FP32 copy with
+    scale_dtype float32), with weights and ranges taken from the FP32 model."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    fp32_nodes = {n.name: n for n in fp32_model.graph.node}
+    fp32_inits = {i.name: i for i in fp32_model.graph.initializer}
+    graph = model16.graph
+    inits16 = {i.name: i for i in graph.initializer}
+    consts16 = _constants(graph)
+    new_inits, new_nodes = [], {}  # new_nodes: consumer node name -> Q/DQ nodes to put before it
+    dq_of: dict[str, str] = {}  # FP16 activation tensor -> its DQ output (shared by every consumer)
+    for node in graph.node:
+        if node.name not in selection.nodes:
+            continue
+        src = fp32_nodes[node.name]
+        for k in range(min(2, len(node.input))):
+            t16, t32 = node.input[k], src.input[k]
+            if t32 in fp32_inits:  # a weight: stored as INT8 with a per-channel DequantizeLinear
+                w = numpy_helper.to_array(fp32_inits[t32])
+                axis = _weight_axis(node, w.shape)
+                q, scale = quantize_weight(w, axis, scale_dtype)
+                base = f"{t32}_int8"
+                new_inits += [numpy_helper.from_array(q, base), numpy_helper.from_array(scale, f"{base}_scale"),
+                              numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{base}_zero_point")]
+                out = f"{base}_dq"
+                new_nodes.setdefault(node.name, []).append(helper.make_node(
+                    "DequantizeLinear", [base, f"{base}_scale", f"{base}_zero_point"], [out], name=f"{base}/DQ",
+                    axis=axis))
+                node.input[k] = out
+                if t16 in inits16 and t16 not in _used_elsewhere(graph, t16, node):
+                    graph.initializer.remove(inits16.pop(t16))
+            elif t16 not in consts16:  # an activation: one shared Q/DQ pair, per-tensor scale
+                if t32 not in amax:
+                    raise VitexportError(f"No calibrated range for {t32!r} (input of {node.name}).")
+                if t16 not in dq_of:
+                    base = f"{t32}_act"
+                    new_inits += [numpy_helper.from_array(activation_scale(amax[t32], scale_dtype), f"{base}_scale"),
+                                  numpy_helper.from_array(np.zeros((), np.int8), f"{base}_zero_point")]
+                    dq_of[t16] = f"{base}_dq"
+                    new_nodes.setdefault(node.name, []).extend([
+                        helper.make_node("QuantizeLinear", [t16, f"{base}_scale", f"{base}_zero_point"],
+                                         [f"{base}_q"], name=f"{base}/Q"),
+                        helper.make_node("DequantizeLinear", [f"{base}_q", f"{base}_scale", f"{base}_zero_point"],
+                                         [dq_of[t16]], name=f"{base}/DQ")])
+                node.input[k] = dq_of[t16]
+    graph.initializer.extend(new_inits)
+    for extra in new_nodes.values():
+        graph.node.extend(extra)
+    topological_sort(graph)
+    if scale_dtype == np.float16:
+        _set_opset(model16, TRT_INT8_OPSET)
+    del graph.value_info[:]  # stale after the rewiring; re-inferred below
+    return onnx.shape_inference.infer_shapes(model16)
+
+
+def _used_elsewhere(graph, name: str, node) -> set[str]:
+    return {name} if any(name in n.input for n in graph.node if n is not node) else set()
+
+
+def _set_opset(model, version: int) -> None:
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx") and op.version < version:
+            op.version = version
+
+
+def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]) -> None:
+    """model.onnx + calibrated ranges -> the TensorRT-shaped INT8 ONNX at `dst` (checked by onnx.checker)."""
+    import onnx
+
+    fp32 = onnx.load(str(fp32_path))
+    model = insert_qdq(fp32, fp16_everywhere(onnx.load(str(fp32_path))), selection, amax)  # converts in place
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise VitexportError(f"The TensorRT INT8 graph failed onnx.checker: {str(e).splitlines()[0]}") from None
+    onnx.save_model(model, str(dst))
+
+
+# -- invariants (what tests and `vitexport info` check) ------------------------------------------------------
+
+def trt_int8_invariants(model) -> dict:
+    """Facts about a Q/DQ graph that TensorRT's INT8 GEMM fusion depends on."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    q_on_gemm_output = sum(1 for n in graph.node if n.op_type == "QuantizeLinear"
+                           and n.input[0] in producer and producer[n.input[0]].op_type in LINEAR_OPS)
+    outputs_from_dq = sum(1 for o in graph.output if o.name in producer
+                          and producer[o.name].op_type == "DequantizeLinear")
+    dq = [n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    scale_types = {onnx.TensorProto.DataType.Name(inits[n.input[1]].data_type) for n in dq if n.input[1] in inits}
+    zero_points_nonzero = sum(1 for n in dq if len(n.input) > 2 and n.input[2] in inits
+                              and np.any(numpy_helper.to_array(inits[n.input[2]]) != 0))
+    dq_into_gemm = sum(1 for n in graph.node if n.op_type == "DequantizeLinear"
+                       and all(c.op_type in LINEAR_OPS for c in consumers.get(n.output[0], [])))
+    cast_between = sum(1 for n in graph.node if n.op_type == "Cast" and n.input[0] in producer
+                       and producer[n.input[0]].op_type == "DequantizeLinear")
+    float_types = _float_tensor_types(model)
+    return {"qdq_nodes": len(dq), "q_on_gemm_output": q_on_gemm_output, "outputs_from_dq": outputs_from_dq,
+            "scale_types": sorted(scale_types), "nonzero_zero_points": zero_points_nonzero,
+            "dq_feeding_only_gemms": dq_into_gemm,
+            "dq_nodes": sum(1 for n in dq if n.op_type == "DequantizeLinear"), "casts_after_dq": cast_between,
+            "float_tensors": float_types}
+
+
+def _float_tensor_types(model) -> dict[str, int]:
+    """How many float tensors (value_info + initializers) are FP32 vs FP16."""
+    import onnx
+
+    counts = {"FLOAT": 0, "FLOAT16": 0}
+    for vi in model.graph.value_info:
+        name = onnx.TensorProto.DataType.Name(vi.type.tensor_type.elem_type)
+        if name in counts:
+            counts[name] += 1
+    for init in model.graph.initializer:
+        name = onnx.TensorProto.DataType.Name(init.data_type)
+        if name in counts:
+            counts[name] += 1
+    return counts
