@@ -20,10 +20,28 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 _FILTERS = {"bicubic": 3, "bilinear": 2, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
 
 
-def preprocess_image(img, pp: Preprocess) -> np.ndarray:
-    """A PIL image -> (3, H, W) float32, normalised."""
+def to_8bit(img):
+    """16-bit and 32-bit integer or float images -> 8-bit 'L', scaled from their real range (Pillow's own
+    conversion clips them to 255, so a 16-bit photo would come out nearly white)."""
     from PIL import Image
 
+    if img.mode.startswith("I;16") or img.mode in ("I", "F"):
+        a = np.asarray(img, dtype=np.float64)
+        if img.mode == "F":
+            top = 1.0 if a.size and float(np.nanmax(a)) <= 1.0 else 255.0  # [0, 1] floats, else 8-bit values
+        else:
+            top = 65535.0 if img.mode.startswith("I;16") or (a.size and a.max() > 255) else 255.0
+        a = np.clip(np.nan_to_num(a) / top * 255.0, 0, 255).round().astype(np.uint8)
+        return Image.fromarray(a, mode="L")
+    return img
+
+
+def preprocess_image(img, pp: Preprocess) -> np.ndarray:
+    """A PIL image -> (3, H, W) float32, normalised."""
+    from PIL import Image, ImageOps
+
+    img = ImageOps.exif_transpose(img) or img  # a photo taken upright is fed upright, as torchvision users expect
+    img = to_8bit(img)
     if img.mode != "RGB":
         if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
             img = img.convert("RGBA")
@@ -63,8 +81,19 @@ def load_image(path: Path, pp: Preprocess) -> np.ndarray:
         with Image.open(path) as img:
             img.load()
             return preprocess_image(img, pp)
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise VitexportError(f"Cannot read image {path}: {e.__class__.__name__}.") from None
+    except Image.DecompressionBombError as e:
+        raise VitexportError(f"Image {path} is too large to decode safely ({e}); downscale it first.") from None
+    except UnidentifiedImageError:
+        raise VitexportError(f"Cannot read image {path}: it is not an image Pillow recognises.") from None
+    except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt files
+        why = str(e).strip() or e.__class__.__name__
+        raise VitexportError(f"Cannot read image {path}: {why}.") from None
+
+
+def iter_batches(files: list[Path], pp: Preprocess, batch: int):
+    """Preprocessed (B, 3, H, W) batches, decoded only when asked for: memory holds one batch at a time."""
+    for i in range(0, len(files), batch):
+        yield np.stack([load_image(f, pp) for f in files[i:i + batch]])
 
 
 @dataclass
