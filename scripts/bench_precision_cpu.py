@@ -13,9 +13,8 @@ import argparse
 from pathlib import Path
 
 from vitexport.bench import BenchOptions, run_bench
-from vitexport.precision import CalibOptions, run_quantize
-from vitexport.precision.convert import Int8Settings
-from vitexport.precision.prepare import prepare_precision, resolve_model_dir
+from vitexport.ensure import ensure_artifact, open_model
+from vitexport.precision import CalibOptions, Int8Settings
 from vitexport.progress import Log
 
 
@@ -28,19 +27,18 @@ def main() -> None:
                     help="re-quantize with the attention products in INT8 too (replaces model.int8.onnx)")
     args = ap.parse_args()
     log = Log()
-    folder, _ = resolve_model_dir(args.model_dir, log)
-    prepare_precision(folder, "fp16", CalibOptions(), log)
-    if args.quantize_attention:
-        run_quantize(folder, "int8", CalibOptions(int8=Int8Settings(quantize_attention=True)), log)
-    else:
-        prepare_precision(folder, "int8", CalibOptions(), log)
-    folder, manifest = resolve_model_dir(folder, log)
-    report = run_bench(folder, manifest, BenchOptions(iterations=args.iterations, min_time=args.min_time,
-                                                      backends=("onnxruntime cpu",)), log)
+    folder = open_model(args.model_dir, log=log)
+    ensure_artifact(folder, "fp16", calib=CalibOptions(), log=log)
+    # INT8 made again when the one in the folder was made with the other attention setting
+    ensure_artifact(folder, "int8", calib=CalibOptions(int8=Int8Settings(quantize_attention=args.quantize_attention)),
+                    log=log)
+    manifest = folder.read_manifest()
+    report = run_bench(folder, BenchOptions(iterations=args.iterations, min_time=args.min_time,
+                                            backends=("onnxruntime cpu",)), log)
     by = {(r.precision, lt.batch): lt for r in report.results if r.available and r.backend == "onnxruntime"
           for lt in r.latency}
     att = " (INT8 with attention products quantized)" if args.quantize_attention else ""
-    print(f"{manifest['variant']} {manifest['img_size']}{att}  ONNX Runtime CPU ({report.environment['cpu']}, "
+    print(f"{manifest.variant} {list(manifest.img_size)}{att}  ONNX Runtime CPU ({report.environment['cpu']}, "
           f"{report.environment['threads']} threads)")
     print(f"{'precision':<10}{'batch':>6}{'mean ms':>10}{'p50 ms':>10}{'vs FP32':>10}")
     for prec in ("fp32", "int8", "fp16"):
@@ -51,9 +49,9 @@ def main() -> None:
                 print(f"{prec:<10}{b:>6}{lt.mean_ms:>10.1f}{lt.p50_ms:>10.1f}{ratio:>9.2f}x")
     for r in report.results:
         if r.available and r.backend == "onnxruntime" and r.parity:
-            p = r.parity
-            print(f"parity {r.precision}: cos min {p['cos_min']:.5f} mean {p['cos_mean']:.5f} "
-                  f"top-1 agree {p['top1_agree']:.1%} ({'pass' if p['passed'] else 'FAIL'})")
+            p = r.parity.stats
+            print(f"parity {r.precision}: cos min {p.cos_min:.5f} mean {p.cos_mean:.5f} "
+                  f"top-1 agree {p.top1_agree:.1%} ({'pass' if r.parity.passed else 'FAIL'})")
 
 
 if __name__ == "__main__":

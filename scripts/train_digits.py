@@ -380,7 +380,7 @@ weights slightly (and the accuracy by a sample or two).
 
 
 def cpu_name() -> str:
-    from vitexport.bench import cpu_model
+    from vitexport.environment import cpu_model
 
     return cpu_model()
 

@@ -14,3 +14,27 @@ def in_tmp(tmp_path, monkeypatch):
     """Run in an empty folder: artifacts land in tmp_path/models."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def tiny_default(tmp_path_factory):
+    """A tiny model exported to its default folder (models/vit_tiny_patch16_224-32x32) under a scratch directory."""
+    from vitexport.export import run_export
+    from vitexport.spec import ModelSpec
+
+    root = tmp_path_factory.mktemp("work")
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        run_export(ModelSpec(variant="vit_tiny_patch16_224", img_size=(32, 32)))
+    finally:
+        os.chdir(old)
+    return root
+
+
+def fails_cleanly(r, needle):
+    """A CLI run that failed with one sentence containing `needle`: no traceback."""
+    assert r.exit_code != 0, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)  # no traceback
+    assert "Traceback" not in r.output
+    assert needle.lower() in r.output.lower(), r.output

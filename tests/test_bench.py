@@ -12,17 +12,21 @@ import torch
 from click.testing import CliRunner
 from onnx import numpy_helper
 
+from vitexport.backends.base import Runner
 from vitexport.bench import discover
 from vitexport.cli import cli
 from vitexport.compare import compare, judge
 from vitexport.data import load_folder
+from vitexport.ensure import ensure_artifact
 from vitexport.errors import BackendUnavailable
-from vitexport.export import ModelSpec, model_from_manifest, run_export
-from vitexport.manifest import preprocess_of, read_manifest
-from vitexport.precision import CalibOptions, prepare_precision
+from vitexport.export import run_export
+from vitexport.folder import ModelFolder
+from vitexport.precision import CalibOptions
+from vitexport.pytorch_model import model_from_manifest
+from vitexport.spec import ModelSpec
 from vitexport.variants import DIGITS_VARIANT
 
-from conftest import ROOT
+from conftest import ROOT, fails_cleanly
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 CPU_BACKENDS = {"pytorch cpu fp32", "pytorch cpu bf16", "onnxruntime cpu fp32", "onnxruntime cpu fp16",
@@ -34,7 +38,7 @@ def digits(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "model"
     run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
     for prec in ("fp16", "int8"):
-        prepare_precision(out, prec, CalibOptions(check=False))
+        ensure_artifact(out, prec, calib=CalibOptions(check=False))
     return out
 
 
@@ -69,8 +73,8 @@ def test_digits_bench_reports_real_accuracy(digits, report):
     ran = {r["name"]: r for r in data["results"] if r["available"]}
     assert CPU_BACKENDS <= set(ran)
     # the reference accuracy, recomputed here from the real labels with a freshly rebuilt model
-    manifest = read_manifest(digits)
-    ds = load_folder(HELDOUT, preprocess_of(manifest))
+    manifest = ModelFolder(digits).read_manifest()
+    ds = load_folder(HELDOUT, manifest.preprocess)
     with torch.no_grad():
         acc = float((model_from_manifest(manifest)(torch.from_numpy(ds.x)).argmax(1).numpy() == ds.labels).mean())
     assert ran["pytorch cpu fp32"]["parity"]["acc"] == pytest.approx(acc, abs=1e-9)
@@ -134,13 +138,13 @@ def test_corrupted_int8_fails_parity_under_strict(digits, tmp_path):
 
 
 def _runners(folder):
-    manifest = read_manifest(folder)
-    return discover(folder, manifest, model_from_manifest(manifest), threads=2, gpu=torch.cuda.is_available())
+    manifest = ModelFolder(folder).read_manifest()
+    return discover(ModelFolder(folder), model_from_manifest(manifest), threads=2, gpu=torch.cuda.is_available(),
+                    io=(manifest.input_name, manifest.output_name))
 
 
 # every backend this machine could have, named without loading anything
-NAMES = [r.name for r in discover(ROOT / "none", {"input_name": "x", "output_name": "y", "onnx": "model.onnx"},
-                                  None, threads=1, gpu=torch.cuda.is_available())]
+NAMES = [r.name for r in discover(ModelFolder(ROOT / "none"), None, threads=1, gpu=torch.cuda.is_available())]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -149,11 +153,11 @@ def test_backend_contract(digits, name):
     runner = next(r for r in _runners(digits) if r.name == name)
     try:
         runner.load()
-        runner.loaded = True
     except BackendUnavailable as e:
         pytest.skip(f"{runner.name}: unavailable: {e}")
-    manifest = read_manifest(digits)
-    ds = load_folder(HELDOUT, preprocess_of(manifest), limit=40)
+    assert runner.loaded
+    manifest = ModelFolder(digits).read_manifest()
+    ds = load_folder(HELDOUT, manifest.preprocess, limit=40)
     ref_model = model_from_manifest(manifest)
     try:
         for b in (1, 3, 8):
@@ -168,6 +172,7 @@ def test_backend_contract(digits, name):
         assert verdict.passed, (runner.name, verdict.failures)
     finally:
         runner.close()
+    assert not runner.loaded
 
 
 def test_bench_on_calibration_images_warns(digits):
@@ -176,3 +181,36 @@ def test_bench_on_calibration_images_warns(digits):
                                  "--min-time", "0", "--warmup", "0", "--batch", "1", "--no-prepare", "-q"])
     assert r.exit_code == 0, r.output
     assert "calibrated on" in r.output
+
+
+def test_bench_report_path_checked_before_work(tiny_default, tmp_path):
+    (tmp_path / "adir").mkdir()
+    folder = tiny_default / "models" / "vit_tiny_patch16_224-32x32"
+    r = CliRunner().invoke(cli, ["bench", str(folder), "--json", str(tmp_path / "adir")])
+    fails_cleanly(r, "--json")
+    r = CliRunner().invoke(cli, ["bench", str(folder), "--threshold", "int8.nope=1"])
+    fails_cleanly(r, "--threshold")
+    assert not (folder / "model.int8.onnx").exists()  # nothing was prepared before the mistake was found
+
+
+class _Ranged(Runner):
+    backend, precision = "fake", "fp32"
+    batch_range = (2, 4)
+
+    def _load(self):
+        pass
+
+    def run(self, staged):
+        assert 2 <= len(staged) <= 4
+        return staged.reshape(len(staged), -1)[:, :3] * 2
+
+
+def test_infer_all_respects_an_engine_batch_range():
+    x = np.random.default_rng(0).standard_normal((9, 3, 2, 2)).astype(np.float32)
+    with pytest.raises(BackendUnavailable, match="not loaded"):
+        _Ranged().infer_all(x)
+    with _Ranged() as r:  # the base class loads and closes it
+        assert r.loaded
+        out = r.infer_all(x)
+    assert not r.loaded
+    assert np.allclose(out, x.reshape(9, -1)[:, :3] * 2)

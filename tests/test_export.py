@@ -8,9 +8,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from vitexport.cli import cli
-from vitexport.export import model_from_manifest
 from vitexport.backends.ort_session import create_session
+from vitexport.cli import cli
+from vitexport.folder import ModelFolder
+from vitexport.pytorch_model import model_from_manifest
+
+from conftest import fails_cleanly
 
 
 def _run(*args):
@@ -34,7 +37,7 @@ def test_tiny_export_non_square_any_batch(in_tmp):
     meta = {p.key: p.value for p in model.metadata_props}
     assert json.loads(meta["vitexport.preprocess"]) == manifest["preprocess"]
     # the ONNX file (not our check) against a freshly rebuilt PyTorch model
-    torch_model = model_from_manifest(manifest)
+    torch_model = model_from_manifest(ModelFolder(folder).read_manifest())
     sess = create_session(folder / "model.onnx")
     for b in (1, 2, 5):
         x = torch.randn(b, 3, 32, 48)
@@ -80,7 +83,7 @@ def test_default_vit_b16_at_384(in_tmp):
 
 
 def _no_onnx_left(root):
-    return not list(root.rglob("*.onnx")) and not list(root.rglob(".staging*")) and not list(root.rglob(".export-*"))
+    return not list(root.rglob("*.onnx")) and not list(root.rglob(".*"))  # no export, no temporary
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -110,16 +113,16 @@ def test_failed_parity_keeps_previous_model(in_tmp, monkeypatch):
     assert ok.exit_code == 0
     path = in_tmp / "models" / "vit_tiny_patch16_224-32x32" / "model.onnx"
     before = path.read_bytes()
-    import vitexport.export as ex
-    real = ex.compare
+    import vitexport.onnx_check as check
+    real = check.compare
 
     def skewed(ref, out, labels=None):
         return real(ref, out + 1.0, labels)  # as if ONNX Runtime computed something else
-    monkeypatch.setattr(ex, "compare", skewed)
+    monkeypatch.setattr(check, "compare", skewed)
     r = CliRunner().invoke(cli, ["onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-q"])
     assert r.exit_code == 1 and "disagree" in r.output
     assert path.read_bytes() == before
-    assert not list(path.parent.glob(".staging*"))
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary left behind
 
 
 def test_other_checkpoint_needs_force(in_tmp):
@@ -141,7 +144,7 @@ def test_python_dash_m(in_tmp):
 
 def test_large_models_use_external_data(in_tmp, monkeypatch):
     """Models over protobuf's 2 GB cap are written with external data; shown here by lowering the cap."""
-    import vitexport.export as ex
+    import vitexport.onnx_export as ex
     monkeypatch.setattr(ex, "PROTOBUF_LIMIT", 1024)
     r = _run("onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-q")
     assert r.exit_code == 0, r.output
@@ -151,6 +154,22 @@ def test_large_models_use_external_data(in_tmp, monkeypatch):
     sess = create_session(folder / "model.onnx")
     x = np.random.default_rng(0).standard_normal((2, 3, 32, 32), np.float32)
     with torch.no_grad():
-        ref = model_from_manifest(json.loads((folder / "manifest.json").read_text()))(torch.from_numpy(x)).numpy()
+        ref = model_from_manifest(ModelFolder(folder).read_manifest())(torch.from_numpy(x)).numpy()
     assert np.abs(sess.run(None, {"pixel_values": x})[0] - ref).max() < 1e-4
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_export_under_another_name_needs_force(tiny_default, monkeypatch):
+    monkeypatch.chdir(tiny_default)
+    folder = tiny_default / "models" / "vit_tiny_patch16_224-32x32"
+    r = CliRunner().invoke(cli, ["onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "--num-classes", "0",
+                                 "-o", str(folder / "other.onnx")])
+    fails_cleanly(r, "--force")
+    assert not (folder / "other.onnx").exists()
+    assert json.loads((folder / "manifest.json").read_text())["onnx"] == "model.onnx"
+
+
+def test_output_path_that_is_a_folder(in_tmp):
+    (in_tmp / "x.onnx").mkdir()
+    r = CliRunner().invoke(cli, ["onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-o", "x.onnx"])
+    fails_cleanly(r, "is a folder")

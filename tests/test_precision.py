@@ -1,5 +1,6 @@
 """FP16 / INT8 ONNX on the labelled digits fixture: accuracy on real labels, Q/DQ invariants, cache, errors."""
 
+import json
 import shutil
 
 import numpy as np
@@ -11,9 +12,11 @@ from onnx import numpy_helper
 from vitexport.backends.ort_session import create_session
 from vitexport.cli import cli
 from vitexport.data import load_folder
-from vitexport.export import ModelSpec, run_export
-from vitexport.manifest import preprocess_of, read_manifest
-from vitexport.precision import CalibOptions, run_quantize
+from vitexport.export import run_export
+from vitexport.folder import ModelFolder
+from vitexport.precision import CalibOptions, Int8Settings
+from vitexport.precision.prepare import run_quantize
+from vitexport.spec import ModelSpec
 from vitexport.variants import DIGITS_VARIANT
 
 from conftest import ROOT
@@ -29,8 +32,7 @@ def digits(tmp_path_factory):
 
 
 def _accuracy(onnx_path, folder):
-    manifest = read_manifest(folder)
-    data = load_folder(HELDOUT, preprocess_of(manifest))
+    data = load_folder(HELDOUT, ModelFolder(folder).read_manifest().preprocess)
     sess = create_session(onnx_path)
     logits = np.concatenate([sess.run(None, {"pixel_values": data.x[i:i + 64]})[0] for i in range(0, len(data), 64)])
     return float((logits.argmax(1) == data.labels).mean()) * 100
@@ -95,7 +97,6 @@ def test_calibration_cache_reuse_and_invalidation(digits, tmp_path):
     third = run_quantize(digits, "int8", opts)
     assert third.cache_reused is False and third.calib_key != first.calib_key
     # a different method is a different calibration too
-    from vitexport.precision.convert import Int8Settings
     fourth = run_quantize(digits, "int8", CalibOptions(data=calib, samples=24, check=False,
                                                         int8=Int8Settings(method="minmax")))
     assert fourth.cache_reused is False and fourth.calib_key != third.calib_key
@@ -161,7 +162,6 @@ def test_attention_products_stay_float_unless_asked(digits, tmp_path):
     r = run_quantize(folder, "int8", CalibOptions(check=False))
     mm, quantized = _attention_matmuls(r.onnx_path)
     assert len(mm) == 2 * 4 and not quantized  # Q.K^T and A.V in each of the 4 blocks, all float
-    from vitexport.precision.convert import Int8Settings
     r = run_quantize(folder, "int8", CalibOptions(check=False, int8=Int8Settings(quantize_attention=True)))
     mm, quantized = _attention_matmuls(r.onnx_path)
     assert len(quantized) == 2 * 4
@@ -170,7 +170,6 @@ def test_attention_products_stay_float_unless_asked(digits, tmp_path):
 def test_exclude_block_keeps_it_float(digits, tmp_path):
     folder = tmp_path / "m"
     shutil.copytree(digits, folder, ignore=shutil.ignore_patterns("model.int8.onnx"))
-    from vitexport.precision.convert import Int8Settings
     r = run_quantize(folder, "int8", CalibOptions(check=False, int8=Int8Settings(exclude_blocks=[0])))
     model = onnx.load(str(r.onnx_path))
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -180,3 +179,13 @@ def test_exclude_block_keeps_it_float(digits, tmp_path):
                               for n in block0 for i in n.input)
     assert any(producers.get(i) is not None and producers[i].op_type == "DequantizeLinear"
                for n in block1 for i in n.input)
+
+
+def test_damaged_calibration_cache_is_recomputed(tmp_path):
+    out = tmp_path / "d"
+    run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
+    first = run_quantize(out, "int8", CalibOptions(samples=10, check=False))
+    cache = out / "calib-cache" / f"{first.calib_key}.json"
+    cache.write_text(cache.read_text()[:50])  # as if a write had been cut short
+    again = run_quantize(out, "int8", CalibOptions(samples=10, check=False))
+    assert again.cache_reused is False and json.loads(cache.read_text())

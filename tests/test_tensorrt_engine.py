@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from vitexport.backends.tensorrt import TensorRTRunner
-from vitexport.tensorrt_engine import compile as pipeline, probe as env
-from vitexport.tensorrt_engine.options import (EXIT_NO_GPU, EXIT_NO_TENSORRT, BuildOptions, EngineUnavailable, check_batch,
-                                      check_compatibility, check_trt_version, input_chw, make_sidecar,
-                                      onnx_for_precision, parse_failure_message, plan_paths, precision_from_plan_name,
-                                      profile_shapes, read_sidecar, write_sidecar)
 from vitexport.errors import BackendUnavailable, VitexportError
+from vitexport.folder import ModelFolder, precision_from_plan_name
+from vitexport.tensorrt_engine import compiler, probe
+from vitexport.tensorrt_engine.options import (EXIT_NO_GPU, EXIT_NO_TENSORRT, BuildOptions, EngineUnavailable,
+                                               check_batch, check_trt_version, input_chw, parse_failure_message,
+                                               profile_shapes)
+from vitexport.tensorrt_engine.sidecar import check_compatibility, make_sidecar, read_sidecar, write_sidecar
 
 H200 = {"name": "NVIDIA H200", "compute_capability": "9.0", "driver": "13.0", "cuda_runtime": "13.0"}
 H100 = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "driver": "12.8", "cuda_runtime": "12.8"}
@@ -119,19 +120,20 @@ def test_check_batch():
 # -- names ----------------------------------------------------------------------------------------------------------
 
 def test_output_naming(tmp_path):
+    folder = ModelFolder(tmp_path)
     for p in ("fp32", "fp16", "int8"):
-        plan, side = plan_paths(tmp_path, p)
+        plan, side = folder.plan(p), folder.sidecar(p)
         assert plan == tmp_path / f"model.{p}.plan"
         assert side == tmp_path / f"model.{p}.plan.json"
         assert precision_from_plan_name(plan) == p
-    assert onnx_for_precision(tmp_path, "fp32") == tmp_path / "model.onnx"
-    assert onnx_for_precision(tmp_path, "fp16") == tmp_path / "model.fp16.onnx"
-    assert onnx_for_precision(tmp_path, "int8") == tmp_path / "model.int8.onnx"
+    assert folder.plan_source("fp32") == tmp_path / "model.onnx"
+    assert folder.plan_source("fp16") == tmp_path / "model.fp16.onnx"
+    assert folder.plan_source("int8") == tmp_path / "model.int8.onnx"
     assert precision_from_plan_name(Path("weird.plan")) is None
     with pytest.raises(VitexportError, match="Unknown precision"):
-        plan_paths(tmp_path, "fp8")
+        folder.plan("fp8")
     with pytest.raises(VitexportError, match="Unknown precision"):
-        onnx_for_precision(tmp_path, "bf16")
+        folder.plan_source("bf16")
 
 
 # -- sidecar ----------------------------------------------------------------------------------------------------------
@@ -139,9 +141,9 @@ def test_output_naming(tmp_path):
 def _sidecar(tmp_path, trt="10.13.0.35", gpu=H200, precision="fp16", plan=b"PLAN"):
     opts = BuildOptions(precision=precision, min_batch=1, opt_batch=4, max_batch=16, workspace_gib=2.0,
                         timing_cache=tmp_path / "t.cache", opt_level=3)
-    plan_path, _ = plan_paths(tmp_path, precision)
-    return make_sidecar(plan_path=plan_path, plan_sha256=hashlib.sha256(plan).hexdigest(), plan_bytes=len(plan),
-                        onnx_path=onnx_for_precision(tmp_path, precision), onnx_sha256="ab" * 32, opts=opts,
+    folder = ModelFolder(tmp_path)
+    return make_sidecar(plan_path=folder.plan(precision), plan_sha256=hashlib.sha256(plan).hexdigest(),
+                        plan_bytes=len(plan), onnx_path=folder.plan_source(precision), onnx_sha256="ab" * 32, opts=opts,
                         input_name="pixel_values", chw=(3, 32, 32), output_names=["logits"],
                         tensorrt_version=trt, gpu=gpu, build_seconds=12.3456,
                         build_info={"timing_cache_loaded": False, "timing_cache_saved": True, "other": 1})
@@ -167,7 +169,7 @@ def test_sidecar_contents(tmp_path):
 
 def test_sidecar_round_trip(tmp_path):
     s = _sidecar(tmp_path)
-    _, path = plan_paths(tmp_path, "fp16")
+    path = ModelFolder(tmp_path).sidecar("fp16")
     write_sidecar(path, s)
     assert read_sidecar(path) == s
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
@@ -192,7 +194,7 @@ def test_read_sidecar_errors(tmp_path):
 # -- compatibility ------------------------------------------------------------------------------------------------
 
 def here(trt="10.13.0.35", gpu=H200):
-    return env.current_env(trt, gpu)
+    return probe.current_env(trt, gpu)
 
 
 def test_same_machine_is_compatible(tmp_path):
@@ -261,60 +263,60 @@ def test_exit_codes_are_documented_values():
 
 def test_tensorrt_version_probe(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # makes `import tensorrt` raise ImportError
-    assert env.tensorrt_version() is None
+    assert probe.tensorrt_version() is None
     monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.13.0.35"))
-    assert env.tensorrt_version() == "10.13.0.35"
+    assert probe.tensorrt_version() == "10.13.0.35"
 
 
 def test_require_without_tensorrt_exits_4(monkeypatch):
-    monkeypatch.setattr(env, "tensorrt_version", lambda: None)
-    monkeypatch.setattr(env, "cuda_gpu", lambda: dict(H200))
+    monkeypatch.setattr(probe, "tensorrt_version", lambda: None)
+    monkeypatch.setattr(probe, "cuda_gpu", lambda: dict(H200))
     with pytest.raises(EngineUnavailable) as e:
-        env.require_trt_and_gpu()
+        probe.require_trt_and_gpu()
     assert e.value.exit_code == 4
     assert str(e.value) == ("TensorRT is not installed; install it with `pip install 'vitexport[trt]'` on a machine "
                             "with an NVIDIA GPU.")
 
 
 def test_require_with_old_tensorrt_exits_4(monkeypatch):
-    monkeypatch.setattr(env, "tensorrt_version", lambda: "8.6.1")
-    monkeypatch.setattr(env, "cuda_gpu", lambda: dict(H200))
+    monkeypatch.setattr(probe, "tensorrt_version", lambda: "8.6.1")
+    monkeypatch.setattr(probe, "cuda_gpu", lambda: dict(H200))
     with pytest.raises(EngineUnavailable, match="TensorRT 8.6.1 is installed") as e:
-        env.require_trt_and_gpu()
+        probe.require_trt_and_gpu()
     assert e.value.exit_code == 4
 
 
 def test_require_without_gpu_exits_5(monkeypatch):
-    monkeypatch.setattr(env, "tensorrt_version", lambda: "10.13.0.35")
-    monkeypatch.setattr(env, "cuda_gpu", lambda: None)
+    monkeypatch.setattr(probe, "tensorrt_version", lambda: "10.13.0.35")
+    monkeypatch.setattr(probe, "cuda_gpu", lambda: None)
     with pytest.raises(EngineUnavailable) as e:
-        env.require_trt_and_gpu()
+        probe.require_trt_and_gpu()
     assert e.value.exit_code == 5
     assert str(e.value).startswith("No CUDA GPU is visible")
 
 
 def test_require_with_both(monkeypatch):
-    monkeypatch.setattr(env, "tensorrt_version", lambda: "11.1.0.5")
-    monkeypatch.setattr(env, "cuda_gpu", lambda: dict(H200))
-    assert env.require_trt_and_gpu() == ("11.1.0.5", H200)
+    monkeypatch.setattr(probe, "tensorrt_version", lambda: "11.1.0.5")
+    monkeypatch.setattr(probe, "cuda_gpu", lambda: dict(H200))
+    assert probe.require_trt_and_gpu() == ("11.1.0.5", H200)
 
 
 def test_cuda_gpu_probe_matches_torch():
     import torch
 
-    gpu = env.cuda_gpu()
+    gpu = probe.cuda_gpu()
     if not torch.cuda.is_available():
         assert gpu is None
     else:
         assert gpu["name"] == torch.cuda.get_device_name() and gpu["compute_capability"].count(".") == 1
 
 
-# -- pipeline ---------------------------------------------------------------------------------------------------------
+# -- compiler ---------------------------------------------------------------------------------------------------------
 
 def _fake_prepare(tmp_path, calls):
     def prepare(precision):
         calls.append(precision)
-        path = onnx_for_precision(tmp_path, precision)
+        path = ModelFolder(tmp_path).plan_source(precision)
         path.write_bytes(b"onnx-" + precision.encode())
         return path
     return prepare
@@ -324,7 +326,7 @@ def test_run_trt_prepares_the_onnx_before_failing_without_tensorrt(tmp_path, mon
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     calls = []
     with pytest.raises(EngineUnavailable) as e:
-        pipeline.run_trt(tmp_path, BuildOptions(precision="int8"), prepare_onnx=_fake_prepare(tmp_path, calls))
+        compiler.run_trt(tmp_path, BuildOptions(precision="int8"), prepare_onnx=_fake_prepare(tmp_path, calls))
     assert e.value.exit_code == 4 and "pip install 'vitexport[trt]'" in str(e.value)
     assert calls == ["int8"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.int8.onnx"]  # the ONNX stays, no plan
@@ -333,18 +335,18 @@ def test_run_trt_prepares_the_onnx_before_failing_without_tensorrt(tmp_path, mon
 def test_run_trt_validates_options_before_preparing(tmp_path):
     calls = []
     with pytest.raises(VitexportError, match="--min-batch <= --opt-batch"):
-        pipeline.run_trt(tmp_path, BuildOptions(min_batch=4, opt_batch=2), prepare_onnx=_fake_prepare(tmp_path, calls))
+        compiler.run_trt(tmp_path, BuildOptions(min_batch=4, opt_batch=2), prepare_onnx=_fake_prepare(tmp_path, calls))
     assert calls == []
 
 
 def test_run_trt_without_the_onnx_says_how_to_make_it(tmp_path):
     with pytest.raises(VitexportError, match="model.fp16.onnx does not exist; make it with `vitexport onnx` and "
                                              "`vitexport quantize --fp16` first"):
-        pipeline.run_trt(tmp_path, BuildOptions())
+        compiler.run_trt(tmp_path, BuildOptions())
 
 
 def _available(monkeypatch, trt="10.13.0.35", gpu=H200):
-    monkeypatch.setattr(pipeline, "require_trt_and_gpu", lambda: (trt, dict(gpu)))
+    monkeypatch.setattr(compiler, "require_trt_and_gpu", lambda: (trt, dict(gpu)))
 
 
 def test_run_trt_writes_plan_and_sidecar(tmp_path, monkeypatch):
@@ -356,7 +358,7 @@ def test_run_trt_writes_plan_and_sidecar(tmp_path, monkeypatch):
         return b"\x00plan-bytes", {"input_name": "pixel_values", "chw": [3, 32, 32], "output_names": ["logits"],
                                    "tensorrt_version": "10.13.0.35"}
 
-    res = pipeline.run_trt(tmp_path, BuildOptions(precision="fp32", max_batch=8),
+    res = compiler.run_trt(tmp_path, BuildOptions(precision="fp32", max_batch=8),
                            prepare_onnx=_fake_prepare(tmp_path, []), build=fake_build)
     assert seen["onnx"] == tmp_path / "model.onnx"
     assert res.plan_path.read_bytes() == b"\x00plan-bytes"  # the plan is the builder's bytes, nothing prefixed
@@ -371,14 +373,14 @@ def test_run_trt_writes_plan_and_sidecar(tmp_path, monkeypatch):
 
 def test_a_failed_build_keeps_the_previous_engine(tmp_path, monkeypatch):
     _available(monkeypatch)
-    plan, side = plan_paths(tmp_path, "fp16")
+    plan, side = ModelFolder(tmp_path).plan("fp16"), ModelFolder(tmp_path).sidecar("fp16")
     plan.write_bytes(b"old"), side.write_text("{}")
 
     def failing_build(onnx_path, opts, log):
         raise VitexportError("TensorRT could not build an engine from model.fp16.onnx:\n  boom")
 
     with pytest.raises(VitexportError, match="boom"):
-        pipeline.run_trt(tmp_path, BuildOptions(), prepare_onnx=_fake_prepare(tmp_path, []), build=failing_build)
+        compiler.run_trt(tmp_path, BuildOptions(), prepare_onnx=_fake_prepare(tmp_path, []), build=failing_build)
     assert plan.read_bytes() == b"old" and side.read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.fp16.onnx", "model.fp16.plan", "model.fp16.plan.json"]
 
@@ -392,8 +394,8 @@ def test_parse_failure_lists_every_error():
 # -- runner refusals before TensorRT sees the plan ------------------------------------------------------------------
 
 def test_runner_without_tensorrt_is_unavailable(tmp_path, monkeypatch):
-    monkeypatch.setattr("vitexport.backends.tensorrt.require_trt_and_gpu", env.require_trt_and_gpu)
-    monkeypatch.setattr(env, "tensorrt_version", lambda: None)
+    monkeypatch.setattr("vitexport.backends.tensorrt.require_trt_and_gpu", probe.require_trt_and_gpu)
+    monkeypatch.setattr(probe, "tensorrt_version", lambda: None)
     runner = TensorRTRunner(tmp_path / "model.int8.plan")
     assert runner.precision == "int8" and runner.backend == "tensorrt" and runner.device == "cuda"
     with pytest.raises(BackendUnavailable, match="TensorRT is not installed") as e:
@@ -407,7 +409,7 @@ def _runner_env(monkeypatch, trt="10.13.0.35", gpu=H200):
 
 def test_runner_refuses_a_plan_from_another_tensorrt(tmp_path, monkeypatch):
     _runner_env(monkeypatch, trt="10.14.1.48")
-    plan, side = plan_paths(tmp_path, "fp16")
+    plan, side = ModelFolder(tmp_path).plan("fp16"), ModelFolder(tmp_path).sidecar("fp16")
     plan.write_bytes(b"PLAN")
     write_sidecar(side, _sidecar(tmp_path))
     with pytest.raises(BackendUnavailable) as e:
@@ -418,7 +420,7 @@ def test_runner_refuses_a_plan_from_another_tensorrt(tmp_path, monkeypatch):
 
 def test_runner_refuses_a_plan_without_sidecar_or_with_other_bytes(tmp_path, monkeypatch):
     _runner_env(monkeypatch)
-    plan, side = plan_paths(tmp_path, "fp16")
+    plan, side = ModelFolder(tmp_path).plan("fp16"), ModelFolder(tmp_path).sidecar("fp16")
     with pytest.raises(BackendUnavailable, match=f"model.fp16.plan does not exist; build it with `vitexport trt {tmp_path} --fp16`"):
         TensorRTRunner(plan).load()
     plan.write_bytes(b"PLAN")
@@ -430,13 +432,29 @@ def test_runner_refuses_a_plan_without_sidecar_or_with_other_bytes(tmp_path, mon
 
 
 def test_runner_accepts_a_plan_from_a_sibling_gpu_with_a_warning(tmp_path):
-    plan, side = plan_paths(tmp_path, "int8")
+    plan, side = ModelFolder(tmp_path).plan("int8"), ModelFolder(tmp_path).sidecar("int8")
     plan.write_bytes(b"PLAN")
     write_sidecar(side, _sidecar(tmp_path, gpu=H100, precision="int8"))
     runner = TensorRTRunner(plan)
     assert runner._check_plan("10.13.0.35", dict(H200)) == b"PLAN"  # the checks TensorRT never sees
     assert runner.warnings and "built on NVIDIA H100 80GB HBM3, not on this NVIDIA H200" in runner.warnings[0]
     assert runner.info["plan_sha256"] == hashlib.sha256(b"PLAN").hexdigest()
+
+
+def test_runner_checks_the_source_onnx_its_sidecar_names(tmp_path):
+    """An export made with `-o dir/custom.onnx`: the FP32 plan's staleness check reads custom.onnx, as the sidecar
+    records it, not a recomputed model.onnx."""
+    source = tmp_path / "custom.onnx"
+    source.write_bytes(b"onnx-v1")
+    plan, side = ModelFolder(tmp_path).plan("fp32"), ModelFolder(tmp_path).sidecar("fp32")
+    plan.write_bytes(b"PLAN")
+    sidecar = _sidecar(tmp_path, precision="fp32")
+    sidecar.update(source_onnx="custom.onnx", source_onnx_sha256=hashlib.sha256(b"onnx-v1").hexdigest())
+    write_sidecar(side, sidecar)
+    assert TensorRTRunner(plan)._check_plan("10.13.0.35", dict(H200)) == b"PLAN"
+    source.write_bytes(b"onnx-v2")  # re-exported since the plan was built
+    with pytest.raises(BackendUnavailable, match="model.fp32.plan was built from an earlier custom.onnx"):
+        TensorRTRunner(plan)._check_plan("10.13.0.35", dict(H200))
 
 
 def test_runner_infer_before_load_is_refused(tmp_path):
@@ -447,8 +465,8 @@ def test_runner_infer_before_load_is_refused(tmp_path):
 # -- import hygiene ---------------------------------------------------------------------------------------------------
 
 def test_importing_vitexport_and_the_engine_modules_does_not_import_tensorrt():
-    code = ("import sys, vitexport, vitexport.tensorrt_engine.compile, vitexport.tensorrt_engine.probe, vitexport.tensorrt_engine.options, "
-            "vitexport.backends.tensorrt; "
+    code = ("import sys, vitexport, vitexport.tensorrt_engine.compiler, vitexport.tensorrt_engine.probe, "
+            "vitexport.tensorrt_engine.options, vitexport.tensorrt_engine.sidecar, vitexport.backends.tensorrt; "
             "assert 'tensorrt' not in sys.modules, 'tensorrt was imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from vitexport.compare import DEFAULT_THRESHOLDS
-from vitexport.tensorrt_engine.probe import cuda_gpu, tensorrt_version
-from vitexport.tensorrt_engine.options import BuildOptions, read_sidecar
+from vitexport.environment import cuda_gpu, tensorrt_version
+from vitexport.tensorrt_engine.options import BuildOptions
+from vitexport.tensorrt_engine.sidecar import read_sidecar
 
 _TRT = tensorrt_version()
 _GPU = cuda_gpu() if _TRT else None
@@ -29,23 +30,23 @@ COS_MIN = {p: DEFAULT_THRESHOLDS[p].cos_min for p in ("fp16", "int8")}
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from vitexport.export import ModelSpec, run_export
+    from vitexport.ensure import ensure_artifact
+    from vitexport.spec import ModelSpec
 
     out = tmp_path_factory.mktemp("trt") / f"{VARIANT}-32x32"
-    run_export(ModelSpec(variant=VARIANT), output=out)
-    return out
+    return ensure_artifact(out, "fp32", spec=ModelSpec(variant=VARIANT), fresh=True).folder.path
 
 
 @pytest.fixture(scope="module")
 def inputs(model_dir):
     """Held-out digit images when shipped (what INT8 was calibrated for), else deterministic noise."""
     from vitexport.data import load_folder
-    from vitexport.manifest import preprocess_of, read_manifest
-    from vitexport.paths import DIGITS_HELDOUT, shipped
+    from vitexport.folder import ModelFolder
+    from vitexport.paths import default_heldout_dir
 
-    heldout = shipped(*DIGITS_HELDOUT)
+    heldout = default_heldout_dir(VARIANT)
     if heldout.is_dir():
-        return load_folder(heldout, preprocess_of(read_manifest(model_dir)), limit=max(BATCHES)).x
+        return load_folder(heldout, ModelFolder(model_dir).read_manifest().preprocess, limit=max(BATCHES)).x
     return np.random.default_rng(0).standard_normal((max(BATCHES), 3, 32, 32)).astype(np.float32)
 
 
@@ -53,19 +54,19 @@ def inputs(model_dir):
 def reference(model_dir, inputs):
     from vitexport.backends.ort_session import create_session
 
-    sess = create_session(model_dir / "model.onnx")
+    from vitexport.folder import ModelFolder
+
+    sess = create_session(ModelFolder(model_dir).onnx("fp32"))
     name = sess.get_inputs()[0].name
     return {b: sess.run(None, {name: inputs[:b]})[0] for b in BATCHES}
 
 
 def _build(model_dir, precision):
-    from vitexport.tensorrt_engine.compile import run_trt
-    from vitexport.precision import prepare_precision
-    from vitexport.progress import QUIET
+    from vitexport.ensure import build_plan
 
     opts = BuildOptions(precision=precision, min_batch=1, opt_batch=4, max_batch=8,
                         timing_cache=model_dir / "timing.cache")
-    return run_trt(model_dir, opts, log=QUIET, prepare_onnx=lambda p: prepare_precision(model_dir, p, log=QUIET))
+    return build_plan(model_dir, opts)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])

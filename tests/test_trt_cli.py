@@ -7,7 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from vitexport.cli import cli
-from vitexport.export import ModelSpec, run_export
+from vitexport.export import run_export
+from vitexport.spec import ModelSpec
 from vitexport.variants import DIGITS_VARIANT
 
 HAVE_TRT = importlib.util.find_spec("tensorrt") is not None

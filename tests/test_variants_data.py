@@ -1,4 +1,4 @@
-"""Named variants against timm's own definitions; preprocessing against timm's eval transform."""
+"""Named variants against timm's own definitions; preprocessing against timm's eval transform; labels from folders."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import timm
 import torch
 from PIL import Image
 
-from vitexport.data import load_folder, preprocess_image
+from vitexport.data import Dataset, labels_for_model, load_folder, preprocess_image
 from vitexport.model import VisionTransformer
 from vitexport.variants import VARIANTS, Preprocess, get_variant, parse_img_size
 
@@ -71,3 +71,13 @@ def test_image_folder_labels_and_recursion(tmp_path):
 @pytest.mark.parametrize("text,expected", [("384", (384, 384)), ("384x512", (384, 512)), ("224X224", (224, 224))])
 def test_parse_img_size(text, expected):
     assert parse_img_size(text) == expected
+
+
+def test_labels_follow_the_model_classes():
+    ds = Dataset(np.zeros((3, 3, 4, 4), np.float32), np.array([0, 1, 2]), [], ["2", "10", "7"], "x")
+    labels, why = labels_for_model(ds, 1000)
+    assert why is None and list(labels) == [2, 10, 7]  # folder names are class indices
+    ds2 = Dataset(ds.x, np.array([0, 1, 2]), [], ["cat", "dog", "eel"], "x")
+    assert labels_for_model(ds2, 1000)[0] is None and "1000" in labels_for_model(ds2, 1000)[1]
+    assert list(labels_for_model(ds2, 3)[0]) == [0, 1, 2]
+    assert labels_for_model(ds2, 0)[0] is None

@@ -7,26 +7,34 @@ on the whole data set against PyTorch FP32 eager; latency on batches drawn from 
 from __future__ import annotations
 
 import os
-import platform
-import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from . import __version__
 from .backends.base import Runner
-from .checkpoints import sha256_file
-from .compare import DEFAULT_THRESHOLDS, ParityStats, Thresholds, compare, judge
+from .compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, compare, judge
 from .data import Dataset, labels_for_model, load_folder
-from .errors import BackendUnavailable, VitexportError
-from .manifest import preprocess_of
-from .paths import display_path
+from .ensure import ensure_artifact, open_model
+from .environment import cuda_gpu, environment
+from .errors import BackendUnavailable, ParityError, VitexportError
+from .folder import ModelFolder, sha256_file
+from .latency import Latency, batch_of, measure_latency
+from .manifest import Manifest
+from .paths import default_heldout_dir, display_path
+from .precision.settings import CalibOptions
 from .progress import QUIET, Log
+from .pytorch_model import model_from_manifest
+from .spec import ModelSpec
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+PREPARED_KINDS = ("fp16", "int8")  # ONNX kinds the bench makes when missing (unless --no-prepare)
+ORT_KINDS = ("fp32", "fp16", "int8")  # ONNX kinds run by ONNX Runtime
+ORT_PROVIDERS = ("cpu", "cuda", "tensorrt")
+PLAN_ORDER = ("fp16", "int8", "fp32")  # TensorRT plans, in the order they are run and listed
 
 
 @dataclass
@@ -44,31 +52,27 @@ class BenchOptions:
 
 
 @dataclass
-class Latency:
-    batch: int
-    iterations: int
-    mean_ms: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    throughput: float  # images per second
-    h2d_ms: float | None = None  # host -> device copy of the input, measured apart
-    d2h_ms: float | None = None  # device -> host copy of the output, measured apart
-    relative_to_reference: float | None = None  # throughput / PyTorch FP32 eager throughput, same batch
-
-
-@dataclass
 class BackendResult:
-    name: str
-    backend: str
+    name: str  # 'onnxruntime cpu int8'
+    backend: str  # 'pytorch' | 'onnxruntime' | 'tensorrt'
     precision: str
     device: str
     provider: str
-    available: bool
-    reason: str = ""
-    info: dict = field(default_factory=dict)
-    parity: dict | None = None  # stats + passed + failures
-    latency: list[Latency] = field(default_factory=list)
+    available: bool  # it loaded and ran
+    reason: str = ""  # why not
+    info: dict = field(default_factory=dict)  # what the runner recorded: threads, providers, plan, ...
+    parity: ParityVerdict | None = None  # against the reference, on every parity input
+    latency: list[Latency] = field(default_factory=list)  # one per timed batch size
+
+    @property
+    def missed_parity(self) -> bool:
+        return self.available and self.parity is not None and not self.parity.passed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "backend": self.backend, "precision": self.precision, "device": self.device,
+                "provider": self.provider, "available": self.available, "reason": self.reason, "info": self.info,
+                "parity": None if self.parity is None else self.parity.to_dict(),
+                "latency": [asdict(lt) for lt in self.latency]}
 
 
 @dataclass
@@ -87,236 +91,169 @@ class BenchReport:
 
     @property
     def passed(self) -> bool:
-        return all(r.parity is None or r.parity["passed"] for r in self.results if r.available)
+        return not any(r.missed_parity for r in self.results)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["results"] = [r.to_dict() for r in self.results]
         d["passed"] = self.passed
         return d
 
 
-# -- environment --------------------------------------------------------------------------------------------
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def environment(threads: int) -> dict:
-    import onnx
-    import onnxruntime
-    import torch
-
-    from .tensorrt_engine.probe import tensorrt_version
-
-    env = {
-        "cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {"vitexport": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
-                     "onnxruntime": onnxruntime.__version__, "tensorrt": tensorrt_version()},
-        "onnxruntime_providers": onnxruntime.get_available_providers(),
-        "gpu": None,
-    }
-    if torch.cuda.is_available():
-        from .tensorrt_engine.probe import cuda_driver_version
-
-        env["gpu"] = {"name": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
-                      "cuda_runtime": torch.version.cuda, "driver": cuda_driver_version()}
-    return env
+def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = None, *, prepare: bool = True,
+                  log: Log = QUIET) -> ModelFolder:
+    """The folder to bench, with its FP16/INT8 ONNX made when missing (default options; the bench checks parity
+    itself). A kind that cannot be made is warned about and then listed as unavailable."""
+    folder = open_model(target, spec, export=prepare, log=log)
+    if prepare:
+        for kind in PREPARED_KINDS:
+            try:
+                ensure_artifact(folder, kind, calib=CalibOptions(check=False), log=log)
+            except ParityError:
+                raise
+            except VitexportError as e:
+                log.warn(f"Could not prepare the {kind.upper()} model: {e}")
+    return folder
 
 
-# -- runners ------------------------------------------------------------------------------------------------
-
-def discover(folder: Path, manifest: dict, model, threads: int, gpu: bool) -> list[Runner]:
+def discover(folder: ModelFolder, model, threads: int, gpu: bool,
+             io: tuple[str, str] | None = None) -> list[Runner]:
     """Every backend x precision worth trying for this model, available or not (load() decides)."""
     from .backends.ort_backend import OrtRunner
     from .backends.tensorrt import TensorRTRunner
     from .backends.torch_backend import TorchRunner
 
-    io = {"input_name": manifest["input_name"], "output_name": manifest["output_name"]}
+    names = {} if io is None else {"input_name": io[0], "output_name": io[1]}
     runners: list[Runner] = [TorchRunner(model, "fp32", "cpu"), TorchRunner(model, "bf16", "cpu"),
                              TorchRunner(model, "fp16", "cuda")]
     if gpu:
         runners.append(TorchRunner(model, "fp32", "cuda"))
-    files = {"fp32": folder / manifest["onnx"], "fp16": folder / "model.fp16.onnx", "int8": folder / "model.int8.onnx"}
-    for ep in ("cpu", "cuda", "tensorrt"):
-        for prec, path in files.items():
-            runners.append(OrtRunner(path, prec, ep, threads if ep == "cpu" else None, **io))
-    for prec in ("fp16", "int8", "fp32"):
-        runners.append(TensorRTRunner(folder / f"model.{prec}.plan"))
+    for ep in ORT_PROVIDERS:
+        for kind in ORT_KINDS:
+            runners.append(OrtRunner(folder.onnx(kind), kind, ep, threads if ep == "cpu" else None, **names))
+    runners += [TensorRTRunner(folder.plan(prec)) for prec in PLAN_ORDER]
     return runners
-
-
-def _percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
-
-
-def measure_latency(runner: Runner, x: np.ndarray, opts: BenchOptions) -> Latency:
-    b = len(x)
-    h2d = d2h = None
-    staged = runner.stage(x)
-    if runner.device == "cuda":
-        up, down = [], []
-        out = runner.run(staged)
-        for _ in range(3):
-            t0 = time.perf_counter()
-            runner.stage(x)
-            runner.synchronize()
-            up.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            runner.fetch(out)
-            down.append(time.perf_counter() - t0)
-        h2d, d2h = statistics.median(up) * 1e3, statistics.median(down) * 1e3
-    for _ in range(opts.warmup):
-        runner.run(staged)
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < opts.iterations or (time.perf_counter() - start) < opts.min_time:
-        t0 = time.perf_counter()
-        runner.run(staged)  # returns when the result is complete (GPU runners synchronize)
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 10_000:
-            break
-    ms = [t * 1e3 for t in times]
-    mean = statistics.fmean(ms)
-    return Latency(b, len(ms), mean, _percentile(ms, 50), _percentile(ms, 90), _percentile(ms, 99),
-                   b / (mean / 1e3), h2d, d2h)
-
-
-def batch_of(data: np.ndarray, b: int) -> np.ndarray:
-    """b inputs from the data set (repeated when it is smaller than b)."""
-    reps = -(-b // len(data))
-    return np.ascontiguousarray(np.concatenate([data] * reps)[:b])
-
-
-def infer_all(runner: Runner, x: np.ndarray, chunk: int = 8) -> np.ndarray:
-    """Outputs for every input, in chunks the runner accepts (an engine's batch range included)."""
-    lo, hi = runner.batch_range or (1, chunk)
-    chunk = max(lo, min(chunk, hi))
-    if len(x) < lo:
-        raise VitexportError(f"{runner.name} needs batches of at least {lo}, the data has {len(x)} inputs")
-    outs = []
-    for i in range(0, len(x), chunk):
-        piece = x[i:i + chunk]
-        if len(piece) < lo:  # a short last piece: run the last `lo` inputs and keep the new ones
-            outs.append(runner.infer(x[len(x) - lo:])[lo - len(piece):])
-        else:
-            outs.append(runner.infer(piece))
-    return np.concatenate(outs)
 
 
 # -- the whole job ------------------------------------------------------------------------------------------
 
-def run_bench(folder: Path, manifest: dict, opts: BenchOptions, log: Log = QUIET) -> BenchReport:
-    import torch
+@dataclass
+class _Inputs:
+    data: Dataset  # every input, for latency batches
+    x_parity: np.ndarray  # the inputs parity is computed on
+    labels: np.ndarray | None  # their labels, when the folders name the model's classes
 
-    from .export import model_from_manifest
-    from .precision.prepare import default_heldout_dir
 
-    t_start = time.perf_counter()
-    threads = opts.threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
-    gpu = torch.cuda.is_available()
-    batches = opts.batches or ((1, 8, 32) if gpu else (1, 8))
-    if any(b < 1 for b in batches):
-        raise VitexportError("Batch sizes must be at least 1.")
-
-    data_dir = Path(opts.data) if opts.data else default_heldout_dir(manifest)
-    calib_dir = ((manifest.get("precisions") or {}).get("int8") or {}).get("calibration", {}).get("data")
+def _load_inputs(manifest: Manifest, opts: BenchOptions, log: Log) -> _Inputs:
+    data_dir = Path(opts.data) if opts.data else default_heldout_dir(manifest.variant)
+    int8 = manifest.precisions.get("int8")
+    calib_dir = None if int8 is None or int8.calibration is None else int8.calibration.data
     if calib_dir and Path(calib_dir).resolve() == data_dir.resolve():
         log.warn(f"{data_dir} is the data the INT8 model was calibrated on: its INT8 parity will look better "
                  "than on unseen images.")
     with log.step(f"Loading inputs from {data_dir}"):
-        data: Dataset = load_folder(data_dir, preprocess_of(manifest))
+        data = load_folder(data_dir, manifest.preprocess)
     x_parity = data.x if opts.parity_limit is None else data.x[:opts.parity_limit]
-    all_labels, why = labels_for_model(data, int(manifest["num_classes"]))
+    all_labels, why = labels_for_model(data, manifest.num_classes)
     if why:
         log.warn(f"Class folders of {data_dir} not used as labels: {why}.")
     labels = None if all_labels is None else all_labels[:len(x_parity)]
-    log.info(f"{len(data)} inputs{' with labels (' + str(len(data.classes or [])) + ' classes)' if labels is not None else ''}")
+    classes = f" with labels ({len(data.classes or [])} classes)" if labels is not None else ""
+    log.info(f"{len(data)} inputs{classes}")
+    return _Inputs(data, x_parity, labels)
 
+
+class _Reference:
+    """PyTorch FP32 eager on the CPU (first in the list); if it cannot run, the next FP32 backend stands in."""
+
+    def __init__(self) -> None:
+        self.out: np.ndarray | None = None
+        self.name = "none"
+        self.throughput: dict[int, float] = {}  # batch -> images/s
+
+
+def _run_backend(runner: Runner, inputs: _Inputs, batches: tuple[int, ...], opts: BenchOptions, ref: _Reference,
+                 log: Log) -> BackendResult:
+    """Load, parity on every input, latency per batch, close: one row of the report."""
+    res = BackendResult(runner.name, runner.backend, runner.precision, runner.device, runner.provider, False)
+    try:
+        runner.load()
+    except BackendUnavailable as e:
+        res.reason = str(e)
+        log.info(f"{runner.name}: unavailable: {e}")
+        return res
+    res.available, res.info = True, dict(runner.info)
+    try:
+        with log.step(f"{runner.name}"):
+            out = runner.infer_all(inputs.x_parity)
+            is_reference = ref.out is None and runner.precision == "fp32"
+            if is_reference:
+                ref.out, ref.name = out, runner.name
+            if ref.out is None:
+                raise VitexportError("the PyTorch FP32 reference is unavailable")
+            res.parity = judge(compare(ref.out, out, inputs.labels), runner.precision,
+                               opts.thresholds.get(runner.precision))
+            for b in batches:
+                lo, hi = runner.batch_range or (1, b)
+                if not lo <= b <= hi:
+                    res.info.setdefault("skipped_batches", []).append(b)
+                    log.info(f"{runner.name}: batch {b} is outside its range {lo}-{hi}; not timed")
+                    continue
+                lat = measure_latency(runner, batch_of(inputs.data.x, b), opts.iterations, opts.min_time,
+                                      opts.warmup)
+                if is_reference:
+                    ref.throughput[b] = lat.throughput
+                if b in ref.throughput:
+                    lat.relative_to_reference = lat.throughput / ref.throughput[b]
+                res.latency.append(lat)
+    except BackendUnavailable as e:
+        res.available, res.reason = False, str(e)
+    except (VitexportError, ValueError) as e:  # ValueError: an output of another shape than the reference
+        res.available, res.reason = False, f"failed: {e}"
+    finally:
+        runner.close()
+    return res
+
+
+def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIET) -> BenchReport:
+    """Every backend this machine offers for the model in `model_dir`, on the same inputs; see prepare_bench."""
+    import torch
+
+    t_start = time.perf_counter()
+    folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
+    manifest = folder.read_manifest()
+    threads = opts.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    gpu = cuda_gpu() is not None
+    batches = opts.batches or ((1, 8, 32) if gpu else (1, 8))
+    if any(b < 1 for b in batches):
+        raise VitexportError("Batch sizes must be at least 1.")
+    inputs = _load_inputs(manifest, opts, log)
     try:
         model = model_from_manifest(manifest)
     except VitexportError as e:
         model = None
         log.warn(f"PyTorch backends unavailable: {e}.")
-    runners = discover(folder, manifest, model, threads, gpu)
+    runners = discover(folder, model, threads, gpu, (manifest.input_name, manifest.output_name))
     if opts.backends:
         runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends)
                    or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu")]
-
-    results: list[BackendResult] = []
-    reference_out: np.ndarray | None = None
-    reference_name = "none"
-    ref_tput: dict[int, float] = {}
-    for runner in runners:
-        res = BackendResult(runner.name, runner.backend, runner.precision, runner.device, runner.provider, False)
-        results.append(res)
-        try:
-            runner.load()
-            runner.loaded = True
-        except BackendUnavailable as e:
-            res.reason = str(e)
-            log.info(f"{runner.name}: unavailable: {e}")
-            continue
-        res.available, res.info = True, dict(runner.info)
-        try:
-            with log.step(f"{runner.name}"):
-                out = infer_all(runner, x_parity)
-                # the reference: PyTorch FP32 eager on the CPU (first in the list); if it cannot run, the
-                # next FP32 backend stands in and the report says so
-                is_reference = reference_out is None and runner.precision == "fp32"
-                if is_reference:
-                    reference_out, reference_name = out, runner.name
-                if reference_out is None:
-                    raise VitexportError("the PyTorch FP32 reference is unavailable")
-                stats: ParityStats = compare(reference_out, out, labels)
-                th = opts.thresholds.get(runner.precision)
-                verdict = judge(stats, runner.precision, th)
-                res.parity = {**stats.to_dict(), "passed": verdict.passed, "failures": verdict.failures}
-                for b in batches:
-                    lo, hi = runner.batch_range or (1, b)
-                    if not lo <= b <= hi:
-                        res.info.setdefault("skipped_batches", []).append(b)
-                        log.info(f"{runner.name}: batch {b} is outside its range {lo}-{hi}; not timed")
-                        continue
-                    lat = measure_latency(runner, batch_of(data.x, b), opts)
-                    if is_reference:
-                        ref_tput[b] = lat.throughput
-                    if b in ref_tput:
-                        lat.relative_to_reference = lat.throughput / ref_tput[b]
-                    res.latency.append(lat)
-        except BackendUnavailable as e:
-            res.available, res.reason = False, str(e)
-        except (VitexportError, ValueError) as e:  # ValueError: an output of another shape than the reference
-            res.available, res.reason = False, f"failed: {e}"
-        finally:
-            runner.close()
-
-    artifacts = []
-    for name in (manifest["onnx"], "model.fp16.onnx", "model.int8.onnx", "model.fp16.plan", "model.int8.plan",
-                 "model.fp32.plan"):
-        p = folder / name
-        if p.is_file():
-            artifacts.append({"file": display_path(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)})
-    used = {p: (opts.thresholds.get(p) or DEFAULT_THRESHOLDS[p]).to_dict() for p in PRECISIONS}
+    ref = _Reference()
+    results = [_run_backend(r, inputs, batches, opts, ref, log) for r in runners]
     return BenchReport(
         vitexport_version=__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         environment=environment(threads),
-        model={"folder": display_path(folder), "variant": manifest["variant"], "img_size": manifest["img_size"],
-               "num_classes": manifest["num_classes"], "checkpoint": manifest.get("checkpoint"),
-               "random_weights": not manifest.get("checkpoint")},
-        artifacts=artifacts,
-        data={"source": display_path(data.source), "n": len(data), "n_parity": len(x_parity), "labelled": labels is not None,
-              "classes": data.classes},
-        reference=reference_name,
-        thresholds=used,
+        model={"folder": display_path(folder.path), "variant": manifest.variant, "img_size": list(manifest.img_size),
+               "num_classes": manifest.num_classes,
+               "checkpoint": None if manifest.checkpoint is None else asdict(manifest.checkpoint),
+               "random_weights": manifest.checkpoint is None},
+        artifacts=[{"file": display_path(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+                   for p in folder.artifacts(PLAN_ORDER)],
+        data={"source": display_path(inputs.data.source), "n": len(inputs.data), "n_parity": len(inputs.x_parity),
+              "labelled": inputs.labels is not None, "classes": inputs.data.classes},
+        reference=ref.name,
+        thresholds={p: (opts.thresholds.get(p) or th).to_dict() for p, th in DEFAULT_THRESHOLDS.items()},
         options={"batches": list(batches), "iterations": opts.iterations, "min_time": opts.min_time,
                  "warmup": opts.warmup, "threads": threads, "strict": opts.strict},
         results=results,

@@ -12,7 +12,6 @@ Each converter is a pure function ``raw tensors -> state dict``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import re
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from .errors import VitexportError
+from .folder import sha256_file
 from .model import VisionTransformer
 from .posembed import resample_pos_embed
 
@@ -43,14 +43,6 @@ class Checkpoint:
     def num_classes(self) -> int:
         head = self.state_dict.get("head.weight")
         return int(head.shape[0]) if head is not None else 0
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 # -- reading raw tensors -------------------------------------------------------------------------------------

@@ -7,9 +7,11 @@ honest conversion and fail a broken one (tests show both).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -28,7 +30,9 @@ class ParityStats:
         return asdict(self)
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _cosine(a: "np.ndarray", b: "np.ndarray") -> "np.ndarray":
+    import numpy as np
+
     na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
     denom = np.maximum(na * nb, 1e-30)
     cos = (a * b).sum(axis=1) / denom
@@ -37,8 +41,10 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return cos
 
 
-def compare(ref: np.ndarray, out: np.ndarray, labels: np.ndarray | None = None) -> ParityStats:
+def compare(ref: "np.ndarray", out: "np.ndarray", labels: "np.ndarray | None" = None) -> ParityStats:
     """ref, out: (N, C) logits (or (N, ...) features, flattened per sample)."""
+    import numpy as np  # here: the CLI reads the thresholds of this module without loading numpy
+
     ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
     out = np.asarray(out, dtype=np.float64).reshape(len(out), -1)
     if ref.shape != out.shape:
@@ -65,7 +71,9 @@ def compare(ref: np.ndarray, out: np.ndarray, labels: np.ndarray | None = None) 
     )
 
 
-def _acc(logits: np.ndarray, labels: np.ndarray | None) -> float | None:
+def _acc(logits: "np.ndarray", labels: "np.ndarray | None") -> float | None:
+    import numpy as np
+
     if labels is None:
         return None
     return float((logits.argmax(1) == np.asarray(labels)).mean())
@@ -100,6 +108,9 @@ class Thresholds:
                 fails.append(f"top-1 accuracy dropped {drop:.2f} points > {self.acc_drop:g}")
         return fails
 
+    def judge(self, s: ParityStats) -> "ParityVerdict":
+        return ParityVerdict(s, self, self.check(s))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -113,8 +124,18 @@ DEFAULT_THRESHOLDS: dict[str, Thresholds] = {
 }
 
 
+# The export check: ONNX Runtime against PyTorch, both FP32, on the same random inputs. max_abs is --atol.
+EXPORT_THRESHOLDS = Thresholds(max_abs=1e-4, cos_min=0.99999)
+
+
+def export_thresholds(atol: float | None = None) -> Thresholds:
+    return EXPORT_THRESHOLDS if atol is None else replace(EXPORT_THRESHOLDS, max_abs=atol)
+
+
 @dataclass
-class Verdict:
+class ParityVerdict:
+    """Whether a candidate's outputs match the reference's closely enough, and if not, which bounds it missed."""
+
     stats: ParityStats
     thresholds: Thresholds
     failures: list[str] = field(default_factory=list)
@@ -123,7 +144,11 @@ class Verdict:
     def passed(self) -> bool:
         return not self.failures
 
+    def to_dict(self) -> dict:
+        """The figures with the verdict, as reports write them."""
+        return {**self.stats.to_dict(), "passed": self.passed, "failures": list(self.failures)}
 
-def judge(stats: ParityStats, precision: str, overrides: Thresholds | None = None) -> Verdict:
-    th = overrides or DEFAULT_THRESHOLDS[precision]
-    return Verdict(stats, th, th.check(stats))
+
+def judge(stats: ParityStats, precision: str, overrides: Thresholds | None = None) -> ParityVerdict:
+    return (overrides or DEFAULT_THRESHOLDS[precision]).judge(stats)
+

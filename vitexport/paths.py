@@ -1,4 +1,4 @@
-"""Where shipped data and default artifacts live."""
+"""Where shipped data and default artifacts live, and writing a file so that readers never see half of it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from .variants import DIGITS_VARIANT
 
 _PKG_PARENT = Path(__file__).resolve().parents[1]
 
@@ -32,6 +34,22 @@ DIGITS_HELDOUT = ("calibration", "digits", "heldout")
 DIGITS_CALIB = ("calibration", "digits", "calib")
 PHOTOS_CALIB = ("calibration", "photos", "calib")
 PHOTOS_HOLDOUT = ("calibration", "photos", "holdout")
+
+
+def shipped_checkpoint(variant: str) -> Path | None:
+    """The trained weights shipped for a variant (the digits model), or None."""
+    path = shipped(*DIGITS_CHECKPOINT)
+    return path if variant == DIGITS_VARIANT and path.is_file() else None
+
+
+def default_calib_dir(variant: str) -> Path:
+    """Calibration images shipped for a variant: the digits' own, else the photos."""
+    return shipped(*(DIGITS_CALIB if variant == DIGITS_VARIANT else PHOTOS_CALIB))
+
+
+def default_heldout_dir(variant: str) -> Path:
+    """Held-out evaluation images shipped for a variant (never used for calibration)."""
+    return shipped(*(DIGITS_HELDOUT if variant == DIGITS_VARIANT else PHOTOS_HOLDOUT))
 
 
 @contextmanager

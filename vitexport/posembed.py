@@ -11,18 +11,20 @@ Three conventions exist and they give different numbers, so the method is always
 from __future__ import annotations
 
 import math
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from .errors import VitexportError
 
-METHODS = {
+if TYPE_CHECKING:
+    import torch
+
+# name -> (torch interpolation mode, antialias)
+INTERPOLATIONS = {
     "bicubic-antialias": ("bicubic", True),
     "bicubic": ("bicubic", False),
     "bilinear": ("bilinear", False),
 }
-DEFAULT_METHOD = "bicubic-antialias"
+DEFAULT_INTERPOLATION = "bicubic-antialias"
 
 
 def infer_grid(num_grid_tokens: int) -> tuple[int, int]:
@@ -34,16 +36,20 @@ def infer_grid(num_grid_tokens: int) -> tuple[int, int]:
 
 
 def resample_pos_embed(
-    pos_embed: torch.Tensor,
+    pos_embed: "torch.Tensor",
     new_grid: tuple[int, int],
     num_prefix_tokens: int = 1,
     old_grid: tuple[int, int] | None = None,
-    method: str = DEFAULT_METHOD,
-) -> torch.Tensor:
+    method: str = DEFAULT_INTERPOLATION,
+) -> "torch.Tensor":
     """(1, prefix + Ho*Wo, D) -> (1, prefix + Hn*Wn, D); the prefix (class) tokens are kept as they are."""
-    if method not in METHODS:
-        raise VitexportError(f"Unknown position-embedding interpolation {method!r}; choose one of: {', '.join(METHODS)}.")
-    mode, antialias = METHODS[method]
+    import torch  # here, not at the top: the CLI reads INTERPOLATIONS without loading torch
+    import torch.nn.functional as F
+
+    if method not in INTERPOLATIONS:
+        raise VitexportError(f"Unknown position-embedding interpolation {method!r}; choose one of: "
+                             f"{', '.join(INTERPOLATIONS)}.")
+    mode, antialias = INTERPOLATIONS[method]
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]  # (1, p, D), (1, Ho*Wo, D)
     old_grid = old_grid or infer_grid(grid.shape[1])
     if tuple(old_grid) == tuple(new_grid):

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .bench import BenchReport, BackendResult
@@ -19,26 +20,50 @@ def _fmt(v, spec: str, none: str = "-") -> str:
     return format(v, spec)
 
 
-def rows(report: BenchReport) -> list[dict]:
-    """One flat row per available backend x batch size (the CSV and Markdown body)."""
+@dataclass
+class BenchRow:
+    """One available backend at one batch size: the body of the table, the Markdown and the CSV."""
+
+    backend: str
+    precision: str
+    device: str
+    batch: int | None
+    mean_ms: float | None
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    throughput: float | None
+    vs_reference: float | None
+    h2d_ms: float | None
+    max_abs: float | None
+    mean_abs: float | None
+    cos_min: float | None
+    cos_mean: float | None
+    top1_agree: float | None
+    top5_agree: float | None
+    acc: float | None
+    parity: str  # 'pass' | 'FAIL'
+
+
+def rows(report: BenchReport) -> list[BenchRow]:
+    """One row per available backend x batch size (a backend that timed nothing: one row without latency)."""
     out = []
     for r in report.results:
         if not r.available:
             continue
-        p = r.parity or {}
+        st = r.parity.stats if r.parity else None
         for lat in r.latency or [None]:
-            out.append({
-                "backend": r.name, "precision": r.precision, "device": r.device,
-                "batch": lat.batch if lat else None,
-                "mean_ms": lat.mean_ms if lat else None, "p50_ms": lat.p50_ms if lat else None,
-                "p90_ms": lat.p90_ms if lat else None, "p99_ms": lat.p99_ms if lat else None,
-                "throughput": lat.throughput if lat else None,
-                "vs_reference": lat.relative_to_reference if lat else None,
-                "h2d_ms": lat.h2d_ms if lat else None,
-                "max_abs": p.get("max_abs"), "mean_abs": p.get("mean_abs"), "cos_min": p.get("cos_min"),
-                "cos_mean": p.get("cos_mean"), "top1_agree": p.get("top1_agree"), "top5_agree": p.get("top5_agree"),
-                "acc": p.get("acc"), "parity": "pass" if p.get("passed") else "FAIL",
-            })
+            out.append(BenchRow(
+                backend=r.name, precision=r.precision, device=r.device, batch=lat.batch if lat else None,
+                mean_ms=lat.mean_ms if lat else None, p50_ms=lat.p50_ms if lat else None,
+                p90_ms=lat.p90_ms if lat else None, p99_ms=lat.p99_ms if lat else None,
+                throughput=lat.throughput if lat else None, vs_reference=lat.relative_to_reference if lat else None,
+                h2d_ms=lat.h2d_ms if lat else None,
+                max_abs=st.max_abs if st else None, mean_abs=st.mean_abs if st else None,
+                cos_min=st.cos_min if st else None, cos_mean=st.cos_mean if st else None,
+                top1_agree=st.top1_agree if st else None, top5_agree=st.top5_agree if st else None,
+                acc=st.acc if st else None, parity="pass" if r.parity and r.parity.passed else "FAIL",
+            ))
     return out
 
 
@@ -63,19 +88,19 @@ def print_table(report: BenchReport, console=None) -> None:
             [("top-1 acc", {"justify": "right"})] if labelled else []) + [("parity", {})]:
         t.add_column(col, **kw)
     for row in rows(report):
-        cells = [row["backend"], _fmt(row["batch"], "d"), _fmt(row["mean_ms"], ".2f"), _fmt(row["p50_ms"], ".2f"),
-                 _fmt(row["p99_ms"], ".2f"), _fmt(row["throughput"], ".1f"), _fmt(row["vs_reference"], ".2f") + "x",
-                 _fmt(row["max_abs"], ".2e"), _fmt(row["cos_min"], ".5f"), _fmt(row["top1_agree"], ".1%")]
+        cells = [row.backend, _fmt(row.batch, "d"), _fmt(row.mean_ms, ".2f"), _fmt(row.p50_ms, ".2f"),
+                 _fmt(row.p99_ms, ".2f"), _fmt(row.throughput, ".1f"), _fmt(row.vs_reference, ".2f") + "x",
+                 _fmt(row.max_abs, ".2e"), _fmt(row.cos_min, ".5f"), _fmt(row.top1_agree, ".1%")]
         if labelled:
-            cells.append(_fmt(row["acc"], ".2%"))
-        cells.append("[green]pass[/green]" if row["parity"] == "pass" else "[red]FAIL[/red]")
+            cells.append(_fmt(row.acc, ".2%"))
+        cells.append("[green]pass[/green]" if row.parity == "pass" else "[red]FAIL[/red]")
         t.add_row(*cells)
     console.print(t)
     for r in report.results:
         if not r.available:
             console.print(f"  [dim]{r.name}: unavailable: {escape(r.reason)}[/dim]")
-        elif r.parity and not r.parity["passed"]:
-            console.print(f"  [red]{r.name}: parity miss: {escape('; '.join(r.parity['failures']))}[/red]")
+        elif r.missed_parity and r.parity is not None:
+            console.print(f"  [red]{r.name}: parity miss: {escape('; '.join(r.parity.failures))}[/red]")
     if report.model["random_weights"]:
         console.print("  [yellow]Random weights (no checkpoint): latency is real, accuracy is meaningless.[/yellow]")
     env = report.environment
@@ -114,22 +139,22 @@ def to_markdown(report: BenchReport) -> str:
     ]
     for r in rows(report):
         lines.append(
-            f"| {r['backend']} | {_fmt(r['batch'], 'd')} | {_fmt(r['mean_ms'], '.2f')} | {_fmt(r['p50_ms'], '.2f')} | "
-            f"{_fmt(r['p90_ms'], '.2f')} | {_fmt(r['p99_ms'], '.2f')} | {_fmt(r['throughput'], '.1f')} | "
-            f"{_fmt(r['vs_reference'], '.2f')}x | {_fmt(r['max_abs'], '.2e')} | {_fmt(r['cos_min'], '.5f')} | "
-            f"{_fmt(r['top1_agree'], '.1%')} | {_fmt(r['acc'], '.2%')} | {r['parity']} |")
+            f"| {r.backend} | {_fmt(r.batch, 'd')} | {_fmt(r.mean_ms, '.2f')} | {_fmt(r.p50_ms, '.2f')} | "
+            f"{_fmt(r.p90_ms, '.2f')} | {_fmt(r.p99_ms, '.2f')} | {_fmt(r.throughput, '.1f')} | "
+            f"{_fmt(r.vs_reference, '.2f')}x | {_fmt(r.max_abs, '.2e')} | {_fmt(r.cos_min, '.5f')} | "
+            f"{_fmt(r.top1_agree, '.1%')} | {_fmt(r.acc, '.2%')} | {r.parity} |")
     unavailable = [r for r in report.results if not r.available]
     if unavailable:
         lines += ["", "Unavailable:", ""] + [f"- {r.name}: {r.reason}" for r in unavailable]
-    failed = [r for r in report.results if r.available and r.parity and not r.parity["passed"]]
+    failed = [r for r in report.results if r.missed_parity and r.parity is not None]
     if failed:
-        lines += ["", "Parity misses:", ""] + [f"- {r.name}: {'; '.join(r.parity['failures'])}" for r in failed]
+        lines += ["", "Parity misses:", ""] + [f"- {r.name}: {'; '.join(r.parity.failures)}" for r in failed]
     return "\n".join(lines) + "\n"
 
 
 def to_csv(report: BenchReport) -> str:
     buf = io.StringIO()
-    data = rows(report)
+    data = [asdict(r) for r in rows(report)]
     if data:
         w = csv.DictWriter(buf, fieldnames=list(data[0]))
         w.writeheader()
@@ -174,4 +199,5 @@ def write_outputs(report: BenchReport, json_path=None, markdown_path=None, csv_p
     return written
 
 
-__all__ = ["BackendResult", "plot", "print_table", "rows", "to_csv", "to_json", "to_markdown", "write_outputs"]
+__all__ = ["BackendResult", "BenchRow", "plot", "print_table", "rows", "to_csv", "to_json", "to_markdown",
+           "write_outputs"]

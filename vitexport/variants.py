@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from .errors import VitexportError
-from .model import ViTConfig
+
+if TYPE_CHECKING:
+    from .model import ViTConfig
 
 # size name -> (embed_dim D, depth, num_heads, mlp_ratio)
 SIZES: dict[str, tuple[int, int, int, float]] = {
@@ -61,10 +64,13 @@ class Variant:
     std: tuple[float, float, float] = INCEPTION_STD
     in_chans: int = 3
 
-    def config(self, img_size: tuple[int, int] | None = None, num_classes: int | None = None, **overrides) -> ViTConfig:
+    def config(self, img_size: tuple[int, int] | None = None, num_classes: int | None = None,
+               **overrides) -> "ViTConfig":
+        from .model import ViTConfig  # torch: only once a model is made, so the CLI's --help stays light
+
         D, depth, heads, mlp_ratio = SIZES[self.size]
         return ViTConfig(
-            img_size=img_size or (self.img, self.img),
+            img_size=img_size or self.img_size,
             patch_size=(self.patch, self.patch),
             in_chans=self.in_chans,
             num_classes=self.num_classes if num_classes is None else num_classes,
@@ -72,9 +78,13 @@ class Variant:
             **overrides,
         )
 
+    @property
+    def img_size(self) -> tuple[int, int]:
+        return (self.img, self.img)
+
     def preprocess(self, img_size: tuple[int, int] | None = None) -> Preprocess:
         # at a size other than the variant's own, keep the crop ratio (timm does the same for its 384 models: 1.0)
-        return Preprocess(input_size=img_size or (self.img, self.img), mean=self.mean, std=self.std,
+        return Preprocess(input_size=img_size or self.img_size, mean=self.mean, std=self.std,
                           crop_pct=self.crop_pct, interpolation=self.interpolation)
 
 

@@ -10,11 +10,11 @@ before it returns) and fetch (device -> host copy of the output), so latency and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, VitexportError
 
 
 class Runner(ABC):
@@ -25,7 +25,7 @@ class Runner(ABC):
     batch_range: tuple[int, int] | None = None  # (min, max) batch an engine accepts; None: any
 
     def __init__(self) -> None:
-        self.loaded = False
+        self._loaded = False
         self.info: dict[str, Any] = {}  # recorded in reports: threads, providers, artifact sha256, ...
 
     @property
@@ -37,19 +37,34 @@ class Runner(ABC):
     def where(self) -> str:
         return self.device
 
-    # -- lifecycle --------------------------------------------------------------------------------------
-    @abstractmethod
-    def load(self) -> None:
-        """Import the library, open the artifact, check the device. Raise BackendUnavailable(reason) if not possible."""
+    # -- lifecycle: load() and close() own the state; subclasses implement _load() and _close() ----------------
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def load(self) -> "Runner":
+        """Make the runner ready; BackendUnavailable(reason) when it cannot be. Loading twice is a no-op."""
+        if not self._loaded:
+            self._load()
+            self._loaded = True
+        return self
 
     def close(self) -> None:
-        self.loaded = False
+        """Release what load() took (sessions, engines, device memory). Safe to call at any time."""
+        try:
+            self._close()
+        finally:
+            self._loaded = False
+
+    @abstractmethod
+    def _load(self) -> None:
+        """Import the library, open the artifact, check the device. Raise BackendUnavailable(reason) if not possible."""
+
+    def _close(self) -> None:
+        """Release what _load() took; nothing by default."""
 
     def __enter__(self) -> "Runner":
-        if not self.loaded:
-            self.load()
-            self.loaded = True
-        return self
+        return self.load()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -75,5 +90,26 @@ class Runner(ABC):
             raise ValueError(f"expected a (B, C, H, W) batch, got shape {x.shape}")
         return self.fetch(self.run(self.stage(x)))
 
+    def infer_all(self, x: np.ndarray, chunk: int = 8) -> np.ndarray:
+        """Outputs for every input, in chunks the runner accepts (an engine's batch range included)."""
+        return infer_in_chunks(self.infer, x, chunk, self.batch_range, self.name)
+
     def synchronize(self) -> None:
         """Wait for queued device work (GPU backends)."""
+
+
+def infer_in_chunks(infer: Callable[[np.ndarray], np.ndarray], x: np.ndarray, chunk: int = 8,
+                    batch_range: tuple[int, int] | None = None, name: str = "the backend") -> np.ndarray:
+    """infer() on every input, `chunk` at a time, staying inside `batch_range` (min, max) when there is one."""
+    lo, hi = batch_range or (1, chunk)
+    chunk = max(lo, min(chunk, hi))
+    if len(x) < lo:
+        raise VitexportError(f"{name} needs batches of at least {lo}, the data has {len(x)} inputs")
+    outs = []
+    for i in range(0, len(x), chunk):
+        piece = x[i:i + chunk]
+        if len(piece) < lo:  # a short last piece: run the last `lo` inputs and keep the new ones
+            outs.append(infer(x[len(x) - lo:])[lo - len(piece):])
+        else:
+            outs.append(infer(piece))
+    return np.concatenate(outs)

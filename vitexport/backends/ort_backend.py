@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
+from ..environment import cuda_gpu
 from ..errors import BackendUnavailable, VitexportError
 from .base import Runner
 
@@ -27,7 +27,7 @@ class OrtRunner(Runner):
     def where(self) -> str:
         return {"cpu": "cpu", "cuda": "cuda", "tensorrt": "trt-ep"}[self.ep]
 
-    def load(self) -> None:
+    def _load(self) -> None:
         try:
             import onnxruntime as ort
         except ImportError as e:
@@ -39,9 +39,7 @@ class OrtRunner(Runner):
             raise BackendUnavailable(f"{wanted} is not in this onnxruntime build")
         if self.ep != "cpu":
             # ask before trying: onnxruntime prints a page of "EP Error" and falls back when it cannot start
-            import torch
-
-            if not torch.cuda.is_available():
+            if cuda_gpu() is None:
                 raise BackendUnavailable(f"no CUDA GPU visible, so {wanted} cannot start")
             if self.ep == "tensorrt" and not _tensorrt_libraries():
                 raise BackendUnavailable("the TensorRT libraries (libnvinfer) are not installed")
@@ -59,9 +57,8 @@ class OrtRunner(Runner):
         self.info = {"providers": active, "threads": self.threads or 0, "onnxruntime": ort.__version__,
                      "file": self.path.name}
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self.session = None
-        super().close()
 
     def run(self, staged: Any) -> Any:
         return self.session.run([self.output_name], {self.input_name: staged})[0]

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..tensorrt_engine.probe import current_env, require_trt_and_gpu
-from ..tensorrt_engine.options import (EngineUnavailable, check_batch, check_compatibility, onnx_digest, onnx_for_precision,
-                              precision_from_plan_name, read_sidecar, rebuild_command, sidecar_for)
 from ..errors import BackendUnavailable, VitexportError
+from ..folder import ModelFolder, onnx_digest, precision_from_plan_name, sidecar_for
+from ..tensorrt_engine.options import EngineUnavailable, check_batch
+from ..tensorrt_engine.probe import current_env, require_trt_and_gpu
+from ..tensorrt_engine.sidecar import check_compatibility, read_sidecar, rebuild_command
 from .base import Runner
 
 if TYPE_CHECKING:
@@ -55,16 +56,16 @@ class TensorRTRunner(Runner):
             sidecar = read_sidecar(self.sidecar_path)
         except VitexportError as e:
             raise BackendUnavailable(str(e)) from None
-        verdict = check_compatibility(sidecar, current_env(version, gpu), self.plan_path.parent)
-        if not verdict.ok:
-            raise BackendUnavailable(verdict.message)
-        source = onnx_for_precision(self.plan_path.parent, self.precision)
+        compat = check_compatibility(sidecar, current_env(version, gpu), self.plan_path.parent)
+        if not compat.ok:
+            raise BackendUnavailable(compat.message)
+        source = self._source_onnx(sidecar)
         if source.is_file() and sidecar.get("source_onnx_sha256") not in (None, onnx_digest(source)):
             raise BackendUnavailable(f"{self.plan_path.name} was built from an earlier {source.name}; rebuild it "
                                      f"with `{rebuild}`.")
-        if verdict.message:  # another GPU of the same compute capability: runs, tuned for the other one
-            self.warnings.append(verdict.message)
-            self.info["compatibility"] = verdict.message
+        if compat.message:  # another GPU of the same compute capability: runs, tuned for the other one
+            self.warnings.append(compat.message)
+            self.info["compatibility"] = compat.message
         plan = self.plan_path.read_bytes()
         if hashlib.sha256(plan).hexdigest() != sidecar["plan_sha256"]:
             raise BackendUnavailable(f"{self.plan_path.name} is not the plan its sidecar {self.sidecar_path.name} "
@@ -76,7 +77,14 @@ class TensorRTRunner(Runner):
                           "profile": sidecar.get("profile"), "source_onnx_sha256": sidecar.get("source_onnx_sha256")})
         return plan
 
-    def load(self) -> None:
+    def _source_onnx(self, sidecar: dict[str, Any]) -> Path:
+        """The ONNX the plan was built from, as its sidecar names it (else the folder's source for the precision)."""
+        name = sidecar.get("source_onnx")
+        if isinstance(name, str) and name:
+            return self.plan_path.parent / name
+        return ModelFolder(self.plan_path.parent).plan_source(self.precision)
+
+    def _load(self) -> None:
         try:
             version, gpu = require_trt_and_gpu()
         except EngineUnavailable as e:
@@ -119,12 +127,10 @@ class TensorRTRunner(Runner):
         self._logger = logger  # TensorRT objects keep a reference, but the logger must outlive them
         self.info.update({"input": self._input, "output": self._output, "batch_range": list(self._batch_range),
                           "io_dtypes": [str(in_dt), str(out_dt)]})
-        self.loaded = True
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._out_buffers.clear()
         self._context = self._engine = self._runtime = None
-        self.loaded = False
 
     # -- inference --------------------------------------------------------------------------------------
     def stage(self, x: np.ndarray) -> Any:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..environment import cuda_gpu
 from ..errors import BackendUnavailable
 from .base import Runner
 
@@ -18,12 +19,12 @@ class TorchRunner(Runner):
         self.model, self.precision, self.device = model, precision, device
         self.provider = "eager" if precision in ("fp32", "fp16") else "autocast"
 
-    def load(self) -> None:
+    def _load(self) -> None:
         import torch
 
         if self.model is None:
             raise BackendUnavailable("the PyTorch model could not be rebuilt from the manifest")
-        if self.device == "cuda" and not torch.cuda.is_available():
+        if self.device == "cuda" and cuda_gpu() is None:
             raise BackendUnavailable("no CUDA GPU visible to PyTorch")
         if self.precision == "bf16" and self.device != "cpu":
             raise BackendUnavailable("bf16 autocast is measured on CPU only")
@@ -36,11 +37,10 @@ class TorchRunner(Runner):
         if self.device == "cuda":
             self.info["gpu"] = torch.cuda.get_device_name()
 
-    def close(self) -> None:
+    def _close(self) -> None:
         if self.device == "cuda" and getattr(self, "_model", None) is not None:
             self.model = self._model.float().cpu()
         self._model = None
-        super().close()
 
     def stage(self, x: np.ndarray) -> Any:
         import torch

@@ -1,15 +1,28 @@
-"""Options shared by several commands, written once, and the error handling every command uses."""
+"""Option groups, each defined once: its flags, and how their values become the object the library takes.
+
+A command lists the groups it uses (`@use(MODEL, CALIB, QUIET)`); each group adds its flags to the command and,
+at call time, hands the command one object (`spec=ModelSpec(...)`, `calib=CalibOptions(...)`, `log=Log(...)`)
+in place of its raw values. Ranges and choices are click's own types, so a bad value exits 2 with click's
+message before any work. Library errors become one sentence and their exit code (`handle_errors`).
+
+This module and the command modules import no numeric library: `vitexport --help` stays fast. Each command
+imports the library it calls inside its body.
+"""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import click
 
 from ..errors import VitexportError
-from ..posembed import DEFAULT_METHOD, METHODS
+from ..posembed import DEFAULT_INTERPOLATION, INTERPOLATIONS
+from ..precision.settings import CALIB_METHODS, DEFAULT_KEEP_FP32, DEFAULT_PERCENTILE, CalibOptions, Int8Settings
 from ..progress import Log
+from ..spec import ModelSpec
 from ..variants import DEFAULT_VARIANT, VARIANTS, parse_img_size
 
 
@@ -21,11 +34,11 @@ class UserError(click.ClickException):
         self.exit_code = exit_code
 
 
-def handle_errors(fn):
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """VitexportError -> one sentence on stderr and its exit code; never a traceback for user mistakes."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except VitexportError as e:
@@ -36,92 +49,119 @@ def handle_errors(fn):
     return wrapper
 
 
-def model_options(fn):
-    """--model, --checkpoint, --img-size, --num-classes, --pos-embed-interp."""
-    for dec in reversed([
-        click.option("--model", "-m", "variant", default=DEFAULT_VARIANT, show_default=True,
-                     type=click.Choice(list(VARIANTS)), help="Named ViT variant (timm's names)."),
-        click.option("--checkpoint", "-c", type=click.Path(path_type=Path), default=None,
-                     help="timm .pth/.safetensors, Hugging Face file or folder, or JAX .npz. "
-                          "Default: random weights (the digits model uses its shipped checkpoint)."),
-        click.option("--img-size", default=None, metavar="N|HxW",
-                     help="Input size; the position embedding is resized to the new grid. Default: the variant's."),
-        click.option("--num-classes", type=int, default=None,
-                     help="Classes of the head (0: features). Default: the checkpoint's, else the variant's."),
-        click.option("--pos-embed-interp", type=click.Choice(list(METHODS)), default=DEFAULT_METHOD,
-                     show_default=True, help="How to resize the position embedding."),
-    ]):
-        fn = dec(fn)
-    return fn
+class ImgSize(click.ParamType):
+    """N or HxW -> (H, W)."""
+
+    name = "N|HxW"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, tuple):
+            return value
+        try:
+            return parse_img_size(value)
+        except VitexportError as e:
+            self.fail(str(e), param, ctx)
 
 
-def spec_from(variant: str, checkpoint: Path | None, img_size: str | None, num_classes: int | None,
-              pos_embed_interp: str):
-    from ..export import ModelSpec
+@dataclass
+class OptionGroup:
+    """Flags that belong together and the one object they make."""
 
-    return ModelSpec(variant=variant, checkpoint=checkpoint, img_size=parse_img_size(img_size),
-                     num_classes=num_classes, pos_embed_interp=pos_embed_interp)
-
-
-quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress output (warnings still show).")
+    dest: str  # the keyword the command receives the object under
+    params: Callable[[], list[click.Parameter]]  # the flags (made afresh for each command that uses the group)
+    make: Callable[..., Any]  # the flags' values, by parameter name -> the object
 
 
-def make_log(quiet: bool) -> Log:
-    return Log(quiet=quiet)
+def use(*groups: OptionGroup) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the groups' flags to a command; call it with one object per group instead of their values.
+
+    Errors of the library (and of making the objects) become one sentence and their exit code.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        made = [(g, g.params()) for g in groups]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            for group, params in made:
+                values = {p.name: kwargs.pop(p.name) for p in params if p.name in kwargs}
+                kwargs[group.dest] = group.make(**values)
+            return fn(**kwargs)
+
+        wrapped = handle_errors(command)
+        memo = wrapped.__dict__.setdefault("__click_params__", [])
+        for _, params in reversed(made):  # click reads the list bottom-up, like stacked decorators
+            memo.extend(reversed(params))
+        return wrapped
+
+    return decorate
 
 
-def target_options(fn):
-    """MODEL_DIR argument or --model etc.: which exported model a command works on."""
-    fn = model_options(fn)
-    return click.argument("model_path", required=False, type=click.Path(path_type=Path), metavar="[MODEL_DIR|ONNX]")(fn)
+def opt(*decls: str, **attrs: Any) -> click.Option:
+    """click.Option, written like click.option."""
+    return click.Option(list(decls), **attrs)
 
 
-def calib_options(fn):
-    """Options of the precision step, shared by `quantize` and `trt`."""
-    from ..precision.convert import METHODS
+# -- the groups ---------------------------------------------------------------------------------------------
 
-    for dec in reversed([
-        click.option("--calib-data", type=click.Path(path_type=Path), default=None,
-                     help="Calibration images (recursive; jpg/png/webp/bmp) or .npy batches. "
-                          "Default: the shipped set for the model."),
-        click.option("--calib-samples", type=int, default=None, help="Use N calibration inputs (chosen evenly)."),
-        click.option("--calib-method", type=click.Choice(METHODS), default="percentile", show_default=True),
-        click.option("--percentile", type=float, default=99.999, show_default=True,
-                     help="Percentile for --calib-method percentile."),
-        click.option("--quantize-attention", is_flag=True,
-                     help="Also quantize the attention matrix products (Q.K^T, A.V)."),
-        click.option("--exclude-node", multiple=True, help="Keep this node in float (repeatable)."),
-        click.option("--exclude-block", type=int, multiple=True, help="Keep transformer block N in float (repeatable)."),
-        click.option("--keep-fp32", default="LayerNormalization,Softmax", show_default=True, metavar="OP[,OP]",
-                     help="FP16: op types kept in FP32 ('' for none)."),
-        click.option("--check-data", type=click.Path(path_type=Path), default=None,
-                     help="Held-out images for the parity check. Default: the shipped held-out set."),
-        click.option("--no-check", is_flag=True, help="Skip the parity check against FP32."),
-    ]):
-        fn = dec(fn)
-    return fn
+TARGET = OptionGroup(
+    "target",
+    lambda: [click.Argument(["model_path"], required=False, type=click.Path(path_type=Path),
+                            metavar="[MODEL_DIR|ONNX]")],
+    lambda model_path: model_path,
+)
 
+MODEL = OptionGroup(
+    "spec",
+    lambda: [
+        opt("--model", "-m", "variant", default=DEFAULT_VARIANT, show_default=True, type=click.Choice(list(VARIANTS)),
+             help="Named ViT variant (timm's names)."),
+        opt("--checkpoint", "-c", type=click.Path(path_type=Path), default=None,
+             help="timm .pth/.safetensors, Hugging Face file or folder, or JAX .npz. "
+                  "Default: random weights (the digits model uses its shipped checkpoint)."),
+        opt("--img-size", type=ImgSize(), default=None, metavar="N|HxW",
+             help="Input size; the position embedding is resized to the new grid. Default: the variant's."),
+        opt("--num-classes", type=click.IntRange(min=0), default=None,
+             help="Classes of the head (0: features). Default: the checkpoint's, else the variant's."),
+        opt("--pos-embed-interp", type=click.Choice(list(INTERPOLATIONS)), default=DEFAULT_INTERPOLATION,
+             show_default=True, help="How to resize the position embedding."),
+    ],
+    lambda variant, checkpoint, img_size, num_classes, pos_embed_interp: ModelSpec(
+        variant=variant, checkpoint=checkpoint, img_size=img_size, num_classes=num_classes,
+        pos_embed_interp=pos_embed_interp),
+)
 
-def calib_from(calib_data, calib_samples, calib_method, percentile, quantize_attention, exclude_node,
-               exclude_block, keep_fp32, check_data, no_check):
-    from ..precision import CalibOptions
-    from ..precision.convert import Int8Settings
-
-    if not 0 < percentile <= 100:
-        raise click.BadParameter("must be in (0, 100]", param_hint="--percentile")
-    return CalibOptions(
+CALIB = OptionGroup(
+    "calib",
+    lambda: [
+        opt("--calib-data", type=click.Path(path_type=Path), default=None,
+             help="Calibration images (recursive; jpg/png/webp/bmp) or .npy batches. "
+                  "Default: the shipped set for the model."),
+        opt("--calib-samples", type=click.IntRange(min=1), default=None,
+             help="Use N calibration inputs (chosen evenly)."),
+        opt("--calib-method", type=click.Choice(CALIB_METHODS), default="percentile", show_default=True),
+        opt("--percentile", type=click.FloatRange(0, 100, min_open=True), default=DEFAULT_PERCENTILE,
+             show_default=True, help="Percentile for --calib-method percentile."),
+        opt("--quantize-attention", is_flag=True, help="Also quantize the attention matrix products (Q.K^T, A.V)."),
+        opt("--exclude-node", multiple=True, help="Keep this node in float (repeatable)."),
+        opt("--exclude-block", type=int, multiple=True, help="Keep transformer block N in float (repeatable)."),
+        opt("--keep-fp32", default=",".join(DEFAULT_KEEP_FP32), show_default=True, metavar="OP[,OP]",
+             help="FP16: op types kept in FP32 ('' for none)."),
+        opt("--check-data", type=click.Path(path_type=Path), default=None,
+             help="Held-out images for the parity check. Default: the shipped held-out set."),
+        opt("--no-check", is_flag=True, help="Skip the parity check against FP32."),
+    ],
+    lambda calib_data, calib_samples, calib_method, percentile, quantize_attention, exclude_node, exclude_block,
+    keep_fp32, check_data, no_check: CalibOptions(
         data=calib_data, samples=calib_samples,
         int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
                           exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block)),
         keep_fp32=tuple(op.strip() for op in keep_fp32.split(",") if op.strip()),
-        check=not no_check, check_data=check_data,
-    )
+        check=not no_check, check_data=check_data),
+)
 
-
-CALIB_KEYS = ("calib_data", "calib_samples", "calib_method", "percentile", "quantize_attention", "exclude_node",
-              "exclude_block", "keep_fp32", "check_data", "no_check")
-MODEL_KEYS = ("variant", "checkpoint", "img_size", "num_classes", "pos_embed_interp")
-
-
-def pop_keys(kwargs: dict, keys) -> dict:
-    return {k: kwargs.pop(k) for k in keys}
+QUIET = OptionGroup(
+    "log",
+    lambda: [opt("--quiet", "-q", is_flag=True, help="No progress output (warnings still show).")],
+    lambda quiet: Log(quiet=quiet),
+)

@@ -6,47 +6,40 @@ from pathlib import Path
 
 import click
 
-from .groups import (CALIB_KEYS, MODEL_KEYS, calib_from, calib_options, handle_errors, make_log, pop_keys,
-                     quiet_option, spec_from, target_options)
+from ..tensorrt_engine.options import BuildOptions
+from .groups import CALIB, MODEL, QUIET, TARGET, OptionGroup, opt, use
+
+BUILD = OptionGroup(
+    "build",
+    lambda: [
+        opt("--fp16", "precision", flag_value="fp16", default=True, help="Mixed FP16 engine (default)."),
+        opt("--int8", "precision", flag_value="int8", help="INT8 engine from the Q/DQ ONNX."),
+        opt("--fp32", "precision", flag_value="fp32", help="FP32 reference engine (TF32 off)."),
+        opt("--min-batch", type=click.IntRange(min=1), default=1, show_default=True),
+        opt("--opt-batch", type=click.IntRange(min=1), default=8, show_default=True),
+        opt("--max-batch", type=click.IntRange(min=1), default=32, show_default=True),
+        opt("--workspace", type=click.FloatRange(min=0, min_open=True), default=None,
+            help="Builder workspace limit in GiB."),
+        opt("--timing-cache", type=click.Path(path_type=Path), default=None,
+            help="Timing cache file: loaded when present, saved after the build."),
+        opt("--opt-level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (0-5)."),
+    ],
+    lambda precision, min_batch, opt_batch, max_batch, workspace, timing_cache, opt_level: BuildOptions(
+        precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch, workspace_gib=workspace,
+        timing_cache=timing_cache, opt_level=opt_level).validate(),
+)
 
 
 @click.command("trt")
-@click.option("--fp16", "precision", flag_value="fp16", default=True, help="Mixed FP16 engine (default).")
-@click.option("--int8", "precision", flag_value="int8", help="INT8 engine from the Q/DQ ONNX.")
-@click.option("--fp32", "precision", flag_value="fp32", help="FP32 reference engine (TF32 off).")
-@target_options
-@click.option("--min-batch", type=int, default=1, show_default=True)
-@click.option("--opt-batch", type=int, default=8, show_default=True)
-@click.option("--max-batch", type=int, default=32, show_default=True)
-@click.option("--workspace", type=float, default=None, help="Builder workspace limit in GiB.")
-@click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
-              help="Timing cache file: loaded when present, saved after the build.")
-@click.option("--opt-level", type=int, default=None, help="Builder optimization level (0-5).")
-@calib_options
-@quiet_option
-@handle_errors
-def trt_command(precision, model_path, min_batch, opt_batch, max_batch, workspace, timing_cache, opt_level, quiet,
-                **kwargs):
+@use(BUILD, TARGET, MODEL, CALIB, QUIET)
+def trt_command(build, target, spec, calib, log):
     """Compile the FP16/INT8/FP32 ONNX into model.<precision>.plan with a sidecar JSON.
 
     The FP16/INT8 ONNX is made first when missing (same options as `vitexport quantize`). Without
     TensorRT the command still writes it, then exits 4 (TensorRT not installed) or 5 (no CUDA GPU).
     """
-    from ..tensorrt_engine.options import BuildOptions
-    from ..tensorrt_engine.compile import run_trt
-    from ..precision.prepare import prepare_precision, resolve_model_dir
+    from ..ensure import build_plan
 
-    log = make_log(quiet)
-    calib = calib_from(**pop_keys(kwargs, CALIB_KEYS))
-    spec = spec_from(**pop_keys(kwargs, MODEL_KEYS))
-    opts = BuildOptions(precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
-                        workspace_gib=workspace, timing_cache=timing_cache, opt_level=opt_level).validate()
-    folder, _ = resolve_model_dir(model_path, log, spec)
-
-    def prepare(prec: str) -> Path:
-        path = prepare_precision(folder, prec, calib, log)
-        click.echo(f"{prec.upper()} ONNX: {path}")
-        return path
-
-    result = run_trt(folder, opts, log, prepare)
+    result = build_plan(target, build, spec=spec, calib=calib, log=log,
+                        on_source=lambda prec, path: click.echo(f"{prec.upper()} ONNX: {path}"))
     click.echo(f"TensorRT engine: {result.plan_path} (sidecar: {result.sidecar_path})")

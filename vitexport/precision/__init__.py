@@ -6,8 +6,12 @@
 
 After each conversion the new model is run against the FP32 ONNX on held-out images (never the calibration
 images) and judged with the per-precision thresholds of vitexport.compare.
+
+Modules: `settings` (what is asked: plain data), `convert` (the graph conversions), `prepare` (the step:
+convert, check, record in the manifest). `vitexport.ensure.ensure_artifact` is the entry that runs the step
+when a file is missing or stale.
 """
 
-from .prepare import CalibOptions, PrecisionResult, prepare_precision, run_quantize
+from .settings import CalibOptions, Int8Settings
 
-__all__ = ["CalibOptions", "PrecisionResult", "prepare_precision", "run_quantize"]
+__all__ = ["CalibOptions", "Int8Settings"]

@@ -6,19 +6,18 @@ import contextlib
 import io
 import json
 import logging
-import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ..errors import VitexportError
+from ..paths import atomic_path
+from .settings import DEFAULT_KEEP_FP32, Int8Settings
 
-DEFAULT_KEEP_FP32 = ("LayerNormalization", "Softmax")
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 
@@ -98,23 +97,6 @@ class _Reader:
         self.i = 0
 
 
-@dataclass
-class Int8Settings:
-    method: str = "percentile"  # minmax | entropy | percentile
-    percentile: float = 99.999
-    quantize_attention: bool = False  # also quantize Q.K^T and A.V (MatMul with two activations)
-    exclude_nodes: list[str] = field(default_factory=list)  # node names, as in the exported graph
-    exclude_blocks: list[int] = field(default_factory=list)  # whole transformer blocks kept in float
-
-    def to_dict(self) -> dict:
-        return {"method": self.method, "percentile": self.percentile if self.method == "percentile" else None,
-                "quantize_attention": self.quantize_attention, "exclude_nodes": sorted(self.exclude_nodes),
-                "exclude_blocks": sorted(self.exclude_blocks)}
-
-
-METHODS = ("minmax", "entropy", "percentile")
-
-
 def nodes_to_exclude(model_path: Path, settings: Int8Settings) -> list[str]:
     """Resolve --exclude-node / --exclude-block to node names of the graph; unknown names are an error."""
     import onnx
@@ -186,9 +168,8 @@ def quantize_int8(src: Path, dst: Path, x: np.ndarray, input_name: str, settings
                 calibration_cache_path=str(cache_arg),
             )
         if not reused:  # copy beside the cache (same file system), then rename: never a half-written cache
-            staged = cache_file.with_name(cache_file.name + ".tmp")
-            shutil.copyfile(cache_arg, staged)
-            os.replace(staged, cache_file)
+            with atomic_path(cache_file) as staged:
+                shutil.copyfile(cache_arg, staged)
     return reused
 
 

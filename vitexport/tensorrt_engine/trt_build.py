@@ -4,7 +4,7 @@ Precision is in the ONNX (FP16 weights/ops, or Q/DQ nodes for INT8), so the netw
 precision builder flag or calibrator is set: both are gone in TensorRT 11. FP32 clears TF32 to give a true
 FP32 reference engine. Works on TensorRT 10.1+ and 11.x. Every decision comes from `options`.
 
-Imported lazily (by compile.run_trt) so that a missing TensorRT never breaks `import vitexport`.
+Imported lazily (by compiler.run_trt) so that a missing TensorRT never breaks `import vitexport`.
 """
 
 from __future__ import annotations

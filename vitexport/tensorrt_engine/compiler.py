@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import VitexportError
+from ..folder import PLAN_SOURCE, ModelFolder, artifact_kind, onnx_digest
 from ..paths import atomic_path
 from ..progress import QUIET, Log
+from .options import BuildOptions
 from .probe import require_trt_and_gpu
-from .options import BuildOptions, make_sidecar, onnx_digest, onnx_for_precision, plan_paths, write_sidecar
+from .sidecar import make_sidecar, write_sidecar
 
 PrepareOnnx = Callable[[str], Path]  # precision -> the ONNX that carries it (exporting / converting as needed)
 BuildFn = Callable[[Path, BuildOptions, Log], tuple[bytes, dict[str, Any]]]
@@ -39,20 +41,20 @@ def _default_build(onnx_path: Path, opts: BuildOptions, log: Log) -> tuple[bytes
     return build_engine(onnx_path, opts, log)
 
 
-def run_trt(model_dir: Path, opts: BuildOptions, log: Log = QUIET, prepare_onnx: PrepareOnnx | None = None,
-            build: BuildFn | None = None) -> TrtResult:
+def run_trt(model_dir: ModelFolder | Path, opts: BuildOptions, log: Log = QUIET,
+            prepare_onnx: PrepareOnnx | None = None, build: BuildFn | None = None) -> TrtResult:
     """Build model.<precision>.plan (+ .plan.json) in `model_dir`.
 
-    prepare_onnx(precision) -> Path runs the precision step when needed (the CLI passes one that exports first);
-    without it the ONNX must already be in the folder. `build` replaces the TensorRT build (tests).
+    prepare_onnx(precision) -> Path runs the precision step when needed (ensure.build_plan passes one that
+    exports and converts first); without it the ONNX must already be in the folder. `build` replaces the
+    TensorRT build (tests).
     """
     opts.validate()
-    model_dir = Path(model_dir)
+    folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
     onnx_path = Path(prepare_onnx(opts.precision)) if prepare_onnx is not None \
-        else onnx_for_precision(model_dir, opts.precision)
+        else folder.plan_source(opts.precision)
     if not onnx_path.is_file():
-        flag = "" if opts.precision == "fp32" else f" and `vitexport quantize --{opts.precision}`"
-        raise VitexportError(f"{onnx_path} does not exist; make it with `vitexport onnx`{flag} first.")
+        raise VitexportError(f"{onnx_path} does not exist; make it with {_how_to_make(opts.precision)} first.")
     trt_version, gpu = require_trt_and_gpu()
     log.info(f"TensorRT {trt_version} on {gpu['name']} (compute capability {gpu['compute_capability']}).")
 
@@ -60,7 +62,7 @@ def run_trt(model_dir: Path, opts: BuildOptions, log: Log = QUIET, prepare_onnx:
     t0 = time.perf_counter()
     plan, info = (build or _default_build)(onnx_path, opts, log)
     seconds = time.perf_counter() - t0
-    plan_path, sidecar_path = plan_paths(model_dir, opts.precision)
+    plan_path, sidecar_path = folder.plan(opts.precision), folder.sidecar(opts.precision)
     sidecar = make_sidecar(
         plan_path=plan_path, plan_sha256=hashlib.sha256(plan).hexdigest(), plan_bytes=len(plan),
         onnx_path=onnx_path, onnx_sha256=onnx_sha, opts=opts, input_name=info["input_name"], chw=info["chw"],
@@ -73,3 +75,10 @@ def run_trt(model_dir: Path, opts: BuildOptions, log: Log = QUIET, prepare_onnx:
         write_sidecar(sidecar_path, sidecar)
     log.info(f"Wrote {plan_path} ({len(plan) / 2**20:.1f} MiB) and {sidecar_path.name} in {seconds:.1f}s.")
     return TrtResult(plan_path, sidecar_path, sidecar, onnx_path, seconds)
+
+
+def _how_to_make(precision: str) -> str:
+    """The commands that make the ONNX a plan of this precision is built from, for error messages."""
+    kind = artifact_kind(PLAN_SOURCE[precision])
+    steps = [artifact_kind("fp32").made_by] + ([] if kind.name == "fp32" else [kind.made_by])
+    return " and ".join(f"`{s}`" for s in steps)

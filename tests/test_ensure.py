@@ -1,0 +1,81 @@
+"""The one entry that makes sure an artifact exists: which folder a command works on, what it exports or converts,
+and what it refuses (in one sentence) rather than silently using another model."""
+
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from vitexport.cli import cli
+from vitexport.ensure import MAKERS, ensure_artifact, open_model
+from vitexport.errors import VitexportError
+from vitexport.folder import ARTIFACTS, ModelFolder
+from vitexport.precision import CalibOptions
+from vitexport.spec import ModelSpec
+
+from conftest import fails_cleanly
+
+TINY = ModelSpec(variant="vit_tiny_patch16_224", img_size=(32, 32))
+
+
+def test_other_checkpoint_is_not_silently_ignored_by_quantize(tiny_default, monkeypatch):
+    monkeypatch.chdir(tiny_default)
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    torch.save(TimmViT(img_size=32, patch_size=16, embed_dim=192, depth=12, num_heads=3).state_dict(), "w.pth")
+    args = ["quantize", "--fp16", "-m", "vit_tiny_patch16_224", "--img-size", "32"]
+    r = CliRunner().invoke(cli, args + ["-c", "w.pth"])
+    fails_cleanly(r, "another export")
+    r = CliRunner().invoke(cli, args + ["-c", "missing.pth"])
+    fails_cleanly(r, "does not exist")
+    r = CliRunner().invoke(cli, args + ["--num-classes", "5"])
+    fails_cleanly(r, "classes")
+    assert CliRunner().invoke(cli, args + ["-q"]).exit_code == 0  # the same model: fine
+
+
+def test_onnx_file_that_is_not_the_manifests(tiny_default, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_default / "models" / "vit_tiny_patch16_224-32x32", folder)
+    shutil.copy(folder / "model.onnx", folder / "copy.onnx")
+    r = CliRunner().invoke(cli, ["quantize", "--fp16", str(folder / "copy.onnx")])
+    fails_cleanly(r, "not the model")
+    (folder / "junk.onnx").write_bytes(b"not a protobuf at all")
+    r = CliRunner().invoke(cli, ["quantize", "--fp16", str(folder / "junk.onnx")])
+    fails_cleanly(r, "not a readable ONNX")
+
+
+def test_open_model_finds_the_default_folder_and_refuses_to_export_when_told(tiny_default, monkeypatch):
+    monkeypatch.chdir(tiny_default)
+    folder = open_model(None, TINY, export=False)
+    assert folder.path.resolve() == (tiny_default / "models" / "vit_tiny_patch16_224-32x32").resolve()
+    with pytest.raises(VitexportError, match="No exported model at .*; run `vitexport onnx` first"):
+        open_model(None, ModelSpec(variant="vit_tiny_patch16_224", img_size=(48, 48)), export=False)
+    assert not (tiny_default / "models" / "vit_tiny_patch16_224-48x48").exists()
+
+
+def test_ensure_keeps_a_current_file_and_remakes_a_stale_one(tiny_default, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_default / "models" / "vit_tiny_patch16_224-32x32", folder,
+                    ignore=shutil.ignore_patterns("model.fp16.onnx"))
+    first = ensure_artifact(folder, "fp16", calib=CalibOptions(check=False))
+    assert first.made and first.path == folder / "model.fp16.onnx" and first.precision is not None
+    again = ensure_artifact(folder, "fp16", calib=CalibOptions(check=False))
+    assert not again.made and again.path == first.path  # current: kept
+    other = ensure_artifact(folder, "fp16", calib=CalibOptions(check=False, keep_fp32=("LayerNormalization",)))
+    assert other.made  # made with other options: made again
+    record = ModelFolder(folder).read_manifest().precisions["fp16"]
+    assert record.keep_fp32 == ["LayerNormalization"]
+    first.path.write_bytes(first.path.read_bytes() + b"\0")  # changed since it was recorded: stale
+    assert ensure_artifact(folder, "fp16").made
+    assert ensure_artifact(folder, "fp32").path == folder / "model.onnx"
+
+
+def test_every_kind_has_a_maker_or_says_so(tiny_default, tmp_path):
+    assert set(MAKERS) | {"fp32"} <= set(ARTIFACTS)
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_default / "models" / "vit_tiny_patch16_224-32x32", folder)
+    for kind in set(ARTIFACTS) - set(MAKERS) - {"fp32"}:
+        with pytest.raises(VitexportError, match=f"No step makes {ARTIFACTS[kind].filename} yet"):
+            ensure_artifact(folder, kind)
+    with pytest.raises(VitexportError, match="Unknown precision 'fp8'"):
+        ensure_artifact(folder, "fp8")

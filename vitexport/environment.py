@@ -1,0 +1,99 @@
+"""This machine: library versions, the CPU, and the CUDA GPU (one probe, used by the export, bench and TensorRT).
+
+Importing this module imports none of the libraries it reports on; each probe does, inside the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+
+
+def versions(with_python: bool = False, with_tensorrt: bool = False) -> dict[str, str | None]:
+    """The versions that decide what an artifact is: recorded in manifests and bench reports."""
+    import onnx
+    import onnxruntime
+    import torch
+
+    out: dict[str, str | None] = {"vitexport": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
+                                  "onnxruntime": onnxruntime.__version__}
+    if with_python:
+        out["python"] = platform.python_version()
+    if with_tensorrt:
+        out["tensorrt"] = tensorrt_version()
+    return out
+
+
+def tensorrt_version() -> str | None:
+    """The installed TensorRT's version string ('10.13.0.35'), or None when it cannot be imported."""
+    try:
+        import tensorrt
+    except Exception:  # ImportError, or OSError/RuntimeError from a placeholder wheel or missing libraries
+        return None
+    version = getattr(tensorrt, "__version__", None)
+    return str(version) if version else "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cuda_driver_version() -> str | None:
+    """The CUDA driver's version ('12.4'), read from the driver library itself; None when there is none."""
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so", "libcuda.dylib")
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        v = ctypes.c_int(0)
+        try:
+            if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 and v.value > 0:
+                return f"{v.value // 1000}.{(v.value % 1000) // 10}"
+        except AttributeError:
+            continue
+    return None
+
+
+def cuda_gpu() -> dict[str, Any] | None:
+    """The current CUDA device as torch sees it: name, compute capability, driver and runtime versions; or None."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        index = torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index)
+    except Exception:  # a broken driver install raises from inside torch.cuda
+        return None
+    return {"name": name, "compute_capability": f"{major}.{minor}", "index": index,
+            "driver": cuda_driver_version(), "cuda_runtime": torch.version.cuda}
+
+
+def environment(threads: int) -> dict[str, Any]:
+    """Where a benchmark ran, as its report records it."""
+    import onnxruntime
+
+    gpu = cuda_gpu()
+    return {
+        "cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions(with_tensorrt=True),
+        "onnxruntime_providers": onnxruntime.get_available_providers(),
+        "gpu": None if gpu is None else {"name": gpu["name"],
+                                         "capability": [int(v) for v in gpu["compute_capability"].split(".")],
+                                         "cuda_runtime": gpu["cuda_runtime"], "driver": gpu["driver"]},
+    }

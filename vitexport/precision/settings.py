@@ -1,0 +1,39 @@
+"""What a precision step is asked to do: plain data, read by the CLI without loading any numeric library."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..compare import Thresholds
+
+CALIB_METHODS = ("minmax", "entropy", "percentile")  # how activation ranges are chosen from calibration data
+DEFAULT_KEEP_FP32 = ("LayerNormalization", "Softmax")  # FP16: op types kept in FP32 (LayerNorm overflows in FP16)
+DEFAULT_PERCENTILE = 99.999
+
+
+@dataclass
+class Int8Settings:
+    method: str = "percentile"  # one of CALIB_METHODS
+    percentile: float = DEFAULT_PERCENTILE  # for the percentile method
+    quantize_attention: bool = False  # also quantize Q.K^T and A.V (MatMul with two activations)
+    exclude_nodes: list[str] = field(default_factory=list)  # node names, as in the exported graph
+    exclude_blocks: list[int] = field(default_factory=list)  # whole transformer blocks kept in float
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "percentile": self.percentile if self.method == "percentile" else None,
+                "quantize_attention": self.quantize_attention, "exclude_nodes": sorted(self.exclude_nodes),
+                "exclude_blocks": sorted(self.exclude_blocks)}
+
+
+@dataclass
+class CalibOptions:
+    data: Path | None = None  # images or .npy batches; default: the shipped set for the model
+    samples: int | None = None  # None: all (shipped photos: 13; digits: 200)
+    int8: Int8Settings = field(default_factory=Int8Settings)
+    keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32  # FP16 only
+    check: bool = True  # check the result against FP32 on held-out data
+    check_data: Path | None = None  # held-out images for the parity check; default: the shipped held-out set
+    thresholds: "Thresholds | None" = None  # None: the precision's defaults (compare.DEFAULT_THRESHOLDS)
