@@ -18,7 +18,7 @@ def test_paths_of_every_artifact(tmp_path):
     assert [f.plan(p).name for p in PLAN_SOURCE] == ["model.fp32.plan", "model.fp16.plan", "model.int8.plan"]
     assert f.sidecar("int8") == tmp_path / "model.int8.plan.json"
     assert {p: f.plan_source(p).name for p in PLAN_SOURCE} == {
-        "fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.onnx"}
+        "fp32": "model.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.trt.onnx"}
     assert f.rejected("fp16") == tmp_path / "model.fp16.rejected.onnx"
     assert f.rejected("int8-trt") == tmp_path / "model.int8.trt.rejected.onnx"
     assert f.calib_cache("abc") == tmp_path / "calib-cache" / "abc.json"

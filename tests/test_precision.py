@@ -189,3 +189,84 @@ def test_damaged_calibration_cache_is_recomputed(tmp_path):
     cache.write_text(cache.read_text()[:50])  # as if a write had been cut short
     again = run_quantize(out, "int8", CalibOptions(samples=10, check=False))
     assert again.cache_reused is False and json.loads(cache.read_text())
+
+
+def test_damaged_cache_with_valid_json_is_recomputed_and_said(digits, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder, ignore=shutil.ignore_patterns("model.int8*.onnx", "calib-cache"))
+    first = run_quantize(folder, "int8", CalibOptions(samples=10, check=False))
+    cache = folder / "calib-cache" / f"{first.calib_key}.json"
+    cache.write_text(json.dumps({"format": "vitexport-calibration/2", "amax": {"layer_norm": "wide"}}))
+    r = CliRunner().invoke(cli, ["quantize", "--int8", str(folder), "--calib-samples", "10", "--no-check"])
+    assert r.exit_code == 0, r.output
+    assert "damaged" in r.output and "Reusing calibration cache" not in r.output
+    assert all(isinstance(v, float) for v in json.loads(cache.read_text())["amax"].values())
+
+
+def test_tensorrt_int8_graph_through_the_step_and_shared_calibration(digits, fp32_acc):
+    """--target all: one calibration, two graphs; the TensorRT-shaped one keeps the digits' accuracy on CPU."""
+    r = CliRunner().invoke(cli, ["quantize", "--int8", "--target", "all", str(digits)])
+    assert r.exit_code == 0, r.output
+    assert r.output.count("Reusing calibration cache") >= 1  # the second graph reuses the first one's ranges
+    trt_path = digits / "model.int8.trt.onnx"
+    assert abs(_accuracy(trt_path, digits) - fp32_acc) <= 1.0
+    from vitexport.folder import ModelFolder
+
+    manifest = ModelFolder(digits).read_manifest()
+    cpu, trt = manifest.precisions["int8"], manifest.precisions["int8-trt"]
+    assert cpu.calibration.key == trt.calibration.key
+    assert trt.qdq["scale_types"] == ["FLOAT16"] and trt.qdq["q_on_gemm_output"] == 0
+    assert cpu.qdq["scale_types"] == ["FLOAT"] and trt.check.passed
+
+
+def test_every_written_onnx_passes_the_full_checker(digits):
+    """model.onnx, model.fp16.onnx, model.int8.onnx, model.int8.trt.onnx: valid for onnx's own checker."""
+    for kind in ("fp16", "int8", "int8-trt"):
+        run_quantize(digits, kind, CalibOptions(check=False))
+    files = sorted(digits.glob("*.onnx"))
+    assert {f.name for f in files} >= {"model.onnx", "model.fp16.onnx", "model.int8.onnx", "model.int8.trt.onnx"}
+    for f in files:
+        onnx.checker.check_model(str(f), full_check=True)
+
+
+def test_interrupted_calibration_leaves_nothing_and_next_run_works(digits, tmp_path, monkeypatch):
+    import vitexport.precision.int8 as int8
+
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder, ignore=shutil.ignore_patterns("model.int8*.onnx", "calib-cache"))
+    real = int8.calibrate
+
+    def interrupted(*args, **kwargs):
+        batches = kwargs.get("batches") if "batches" in kwargs else args[2]
+        next(iter(batches))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(int8, "calibrate", interrupted)
+    r = CliRunner().invoke(cli, ["quantize", "--int8", str(folder), "--no-check"])
+    assert r.exit_code == 130 and "Interrupted" in r.output and "Traceback" not in r.output
+    leftovers = [p.name for p in folder.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
+    assert not leftovers and not (folder / "model.int8.onnx").exists()
+    assert not list((folder / "calib-cache").glob("*.json")) if (folder / "calib-cache").exists() else True
+    monkeypatch.setattr(int8, "calibrate", real)
+    r = CliRunner().invoke(cli, ["quantize", "--int8", str(folder), "--no-check"])
+    assert r.exit_code == 0 and (folder / "model.int8.onnx").is_file()
+
+
+def test_large_calibration_folder_reads_only_what_it_uses(digits, tmp_path, monkeypatch):
+    """2,000 images with --calib-samples 24: 24 images decoded, never the rest."""
+    from PIL import Image
+
+    import vitexport.data as data
+
+    big = tmp_path / "big"
+    big.mkdir()
+    src = sorted((ROOT / "calibration" / "digits" / "calib").glob("*.png"))
+    for i in range(2000):
+        shutil.copy(src[i % len(src)], big / f"{i:05d}.png")
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda p, *a, **k: opened.append(p) or real_open(p, *a, **k))
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder, ignore=shutil.ignore_patterns("model.int8*.onnx", "calib-cache"))
+    r = run_quantize(folder, "int8", CalibOptions(data=big, samples=24, check=False))
+    assert r.onnx_path.is_file() and len(opened) == 24 and data.list_images(big)

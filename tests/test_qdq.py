@@ -10,8 +10,9 @@ from click.testing import CliRunner
 from vitexport.cli import cli
 from vitexport.data import load_folder
 from vitexport.precision.calibrate import calibrate
+from vitexport.precision.convert import topological_sort
 from vitexport.precision.qdq import (LINEAR_OPS, INT8_MAX, insert_qdq, quantize_weight, select_gemms,
-                                     topological_sort, trt_int8_invariants, write_trt_int8)
+                                     trt_int8_invariants, write_trt_int8)
 from vitexport.variants import DIGITS_VARIANT, VARIANTS
 
 from conftest import ROOT

@@ -3,11 +3,13 @@
 import importlib.util
 import shutil
 
+import onnx
 import pytest
 from click.testing import CliRunner
 
 from vitexport.cli import cli
 from vitexport.export import run_export
+from vitexport.precision.qdq import trt_int8_invariants
 from vitexport.spec import ModelSpec
 from vitexport.variants import DIGITS_VARIANT
 
@@ -22,7 +24,7 @@ def digits(tmp_path_factory):
 
 
 @pytest.mark.skipif(HAVE_TRT, reason="TensorRT is installed here: the engine tests cover this machine")
-@pytest.mark.parametrize("flag,made", [("--int8", "model.int8.onnx"), ("--fp16", "model.fp16.onnx")])
+@pytest.mark.parametrize("flag,made", [("--int8", "model.int8.trt.onnx"), ("--fp16", "model.fp16.onnx")])
 def test_trt_without_tensorrt_prepares_onnx_then_exits_4(digits, tmp_path, flag, made):
     folder = tmp_path / "m"
     shutil.copytree(digits, folder)
@@ -33,6 +35,12 @@ def test_trt_without_tensorrt_prepares_onnx_then_exits_4(digits, tmp_path, flag,
     last = r.output.strip().splitlines()[-1]
     assert last.startswith("Error: TensorRT is not installed") and "vitexport[trt]" in last
     assert not list(folder.glob("*.plan")) and not list(folder.glob(".*"))
+    onnx.checker.check_model(str(folder / made), full_check=True)
+    if flag == "--int8":  # the graph TensorRT fuses: Q/DQ on GEMM inputs only, FP16 everywhere else
+        inv = trt_int8_invariants(onnx.load(str(folder / made)))
+        assert inv["q_on_gemm_output"] == 0 and inv["outputs_from_dq"] == 0 and inv["casts_after_dq"] == 0
+        assert inv["scale_types"] == ["FLOAT16"] and inv["nonzero_zero_points"] == 0 and inv["dq_nodes"] > 0
+        assert inv["float_tensors"]["FLOAT16"] > 0.9 * sum(inv["float_tensors"].values())
 
 
 def test_bad_profile_rejected_before_any_work(digits, tmp_path):

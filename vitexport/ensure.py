@@ -33,6 +33,7 @@ Maker = Callable[[ModelFolder, str, Union[CalibOptions, None], Log], PrecisionRe
 MAKERS: dict[str, Maker] = {
     "fp16": run_quantize,
     "int8": run_quantize,
+    "int8-trt": run_quantize,
 }
 
 

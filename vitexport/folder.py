@@ -48,12 +48,13 @@ class ArtifactKind:
 ARTIFACTS: dict[str, ArtifactKind] = {k.name: k for k in [
     ArtifactKind("fp32", DEFAULT_ONNX_NAME, "fp32", "vitexport onnx"),  # the export, checked against PyTorch
     ArtifactKind("fp16", "model.fp16.onnx", "fp16", "vitexport quantize --fp16"),  # LayerNorm/Softmax in FP32
-    ArtifactKind("int8", "model.int8.onnx", "int8", "vitexport quantize --int8"),  # Q/DQ + FP32 rest, for CPUs
-    ArtifactKind("int8-trt", "model.int8.trt.onnx", "int8", "vitexport trt --int8"),  # Q/DQ placed for TensorRT
+    ArtifactKind("int8", "model.int8.onnx", "int8", "vitexport quantize --int8"),  # GEMM-input Q/DQ, FP32 rest: CPUs
+    ArtifactKind("int8-trt", "model.int8.trt.onnx", "int8",  # GEMM-input Q/DQ, FP16 rest + FP16 scales: TensorRT
+                 "vitexport quantize --int8 --target tensorrt"),
 ]}
 
 # TensorRT engines: plan precision -> the ARTIFACTS kind it is built from
-PLAN_SOURCE: dict[str, str] = {"fp32": "fp32", "fp16": "fp16", "int8": "int8"}
+PLAN_SOURCE: dict[str, str] = {"fp32": "fp32", "fp16": "fp16", "int8": "int8-trt"}
 PLAN_PRECISIONS = tuple(PLAN_SOURCE)
 
 

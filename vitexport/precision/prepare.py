@@ -5,15 +5,10 @@ previous good file.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from .. import __version__
 from ..backends.base import infer_in_chunks
 from ..backends.ort_session import create_session
 from ..compare import ParityVerdict, Thresholds, compare, judge
@@ -23,10 +18,11 @@ from ..folder import ModelFolder, artifact_kind, external_data_of, sha256_file
 from ..manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir
 from ..progress import QUIET, Log
-from .convert import convert_fp16, graph_precision, qdq_summary, quantize_int8
-from .settings import CalibOptions, Int8Settings
+from .convert import convert_fp16, graph_precision
+from .int8 import INT8_KINDS, calibration_key, calibration_set, ranges, resolve_exclusions, selection_for, write_int8
+from .settings import CalibOptions
 
-CONVERTERS = ("fp16", "int8")  # the ARTIFACTS kinds this step makes
+CONVERTERS = ("fp16", *INT8_KINDS)  # the ARTIFACTS kinds this step makes
 
 
 @dataclass
@@ -36,35 +32,6 @@ class PrecisionResult:
     verdict: ParityVerdict | None  # its check against FP32 (None: skipped)
     cache_reused: bool | None  # INT8: the calibration cache was reused
     calib_key: str | None  # INT8: the calibration's content address
-
-
-def calibration_key(fp32_sha: str, files: list[Path], root: Path, manifest: Manifest, settings: Int8Settings,
-                    x: np.ndarray) -> str:
-    """Content address of a calibration: model bytes, data bytes, preprocessing, method, version."""
-    h = hashlib.sha256()
-    payload = {
-        "onnx": fp32_sha,
-        "preprocess": manifest.preprocess.to_dict(),
-        "settings": settings.to_dict(),
-        "vitexport": __version__,
-    }
-    h.update(json.dumps(payload, sort_keys=True).encode())
-    for f in files:
-        h.update(str(Path(f).relative_to(root) if Path(f).is_relative_to(root) else Path(f).name).encode())
-        h.update(hashlib.sha256(Path(f).read_bytes()).digest())
-    h.update(hashlib.sha256(np.ascontiguousarray(x).tobytes()).digest())  # what the calibrator actually saw
-    return h.hexdigest()[:32]
-
-
-def load_calibration(root: Path, manifest: Manifest, samples: int | None, log: Log) -> Dataset:
-    if samples is not None and samples < 1:
-        raise VitexportError("--calib-samples must be at least 1.")
-    with log.step(f"Loading calibration data from {root}"):
-        data = load_folder(Path(root), manifest.preprocess, limit=samples)
-    if samples is not None and len(data) < samples:
-        log.warn(f"Asked for {samples} calibration inputs, {root} has only {len(data)}: using {len(data)}.")
-    log.info(f"{len(data)} calibration inputs")
-    return data
 
 
 def check_against_fp32(fp32: Path, candidate: Path, data: Dataset, precision: str, manifest: Manifest,
@@ -86,7 +53,7 @@ def check_against_fp32(fp32: Path, candidate: Path, data: Dataset, precision: st
 def _fp32_source(folder: ModelFolder, precision: str) -> tuple[Path, str, Manifest]:
     """(FP32 ONNX, its sha256, manifest), once it is known to be the FP32 export this precision can be made from."""
     if precision not in CONVERTERS:
-        raise VitexportError(f"Unknown precision {precision!r}: choose fp16 or int8.")
+        raise VitexportError(f"Unknown precision {precision!r}: choose one of {', '.join(CONVERTERS)}.")
     manifest = folder.read_manifest()
     fp32 = folder.onnx("fp32")
     if graph_precision(fp32) != "fp32":
@@ -94,7 +61,7 @@ def _fp32_source(folder: ModelFolder, precision: str) -> tuple[Path, str, Manife
     fp32_sha = sha256_file(fp32)
     if manifest.onnx_sha256 and manifest.onnx_sha256 != fp32_sha:
         raise VitexportError(f"{fp32} changed since it was exported (sha256 differs from the manifest); re-export it.")
-    if precision == "int8" and external_data_of(fp32).exists():
+    if precision in INT8_KINDS and external_data_of(fp32).exists():
         raise VitexportError(f"{fp32} keeps its weights in external data (over 2 GB); INT8 calibration of such "
                              f"models is not supported yet (FP16 is).")
     return fp32, fp32_sha, manifest
@@ -106,7 +73,7 @@ def _heldout(opts: CalibOptions, manifest: Manifest, precision: str, log: Log) -
         return None
     held_dir = Path(opts.check_data) if opts.check_data else default_heldout_dir(manifest.variant)
     calib_dir = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
-    if precision == "int8" and held_dir.resolve() == calib_dir.resolve():
+    if precision in INT8_KINDS and held_dir.resolve() == calib_dir.resolve():
         raise VitexportError("The check data is the calibration data; pass held-out images with --check-data.")
     held = load_folder(held_dir, manifest.preprocess)
     held.labels, why = labels_for_model(held, manifest.num_classes)
@@ -125,16 +92,17 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
     record = PrecisionRecord(file=out_path.name, source_sha256=fp32_sha)
     held = _heldout(opts, manifest, precision, log)
     key, reused, verdict = None, None, None
-    with atomic_path(out_path, suffix=f".{precision}.onnx") as tmp:
+    with atomic_path(out_path, suffix=".onnx") as tmp:
         if precision == "fp16":
             with log.step(f"Converting to mixed FP16 (kept in FP32: {', '.join(opts.keep_fp32) or 'nothing'})"):
                 convert_fp16(fp32, tmp, tuple(opts.keep_fp32))
             record.keep_fp32 = list(opts.keep_fp32)
         else:
-            key, reused = _quantize(folder, fp32, fp32_sha, tmp, manifest, opts, record, log)
+            key, reused = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, log)
         if held is not None:
             with log.step(f"Checking {precision.upper()} against FP32 on {len(held)} held-out inputs ({held.source})"):
-                verdict = check_against_fp32(fp32, tmp, held, precision, manifest, opts.thresholds, log)
+                verdict = check_against_fp32(fp32, tmp, held, artifact_kind(precision).precision, manifest,
+                                             opts.thresholds, log)
             record.check = HeldOutCheck(held.source, verdict.passed, verdict.failures, verdict.thresholds.to_dict(),
                                         verdict.stats)
             if not verdict.passed:
@@ -147,45 +115,28 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
     return PrecisionResult(precision, out_path, verdict, reused, key)
 
 
-def _quantize(folder: ModelFolder, fp32: Path, fp32_sha: str, dst: Path, manifest: Manifest, opts: CalibOptions,
-              record: PrecisionRecord, log: Log) -> tuple[str, bool]:
-    """Calibrate (or reuse the cached ranges) and write the INT8 Q/DQ model; fills the record's INT8 fields."""
+def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Path, manifest: Manifest,
+              opts: CalibOptions, record: PrecisionRecord, log: Log) -> tuple[str, bool]:
+    """Calibrate in bounded memory (or reuse the cached ranges), write the INT8 graph of `kind` to dst; fills the
+    record's INT8 fields. The ranges are shared by both INT8 kinds: the second one made reuses the cache."""
     calib_root = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
-    data = load_calibration(calib_root, manifest, opts.samples, log)
-    key = calibration_key(fp32_sha, data.files, calib_root if calib_root.is_dir() else calib_root.parent,
-                          manifest, opts.int8, data.x)
-    cache = folder.calib_cache(key)
-    if cache.is_file():
-        log.info(f"Reusing calibration cache {cache.name} (same model, data, preprocessing and method).")
-    reused = _calibrate_and_quantize(fp32, dst, data, manifest, opts.int8, cache, log)
-    summary = qdq_summary(dst)
-    if summary["nonzero_zero_points"]:
-        raise VitexportError("Quantization produced non-zero zero points, which TensorRT rejects.")
-    s = opts.int8.to_dict()
+    data = calibration_set(calib_root, manifest.preprocess, opts.samples)
+    if opts.samples is not None and data.count < opts.samples:
+        log.warn(f"Asked for {opts.samples} calibration inputs, {calib_root} has only {data.count}: using {data.count}.")
+    settings = opts.int8
+    selection = selection_for(fp32, settings, resolve_exclusions(fp32, settings))
+    with log.step(f"Hashing {data.count} calibration inputs for the cache key"):
+        key = calibration_key(fp32_sha, data, manifest.preprocess.to_dict(), settings.to_dict())
+    amax, reused = ranges(fp32, data, manifest.preprocess, manifest.input_name, selection, settings,
+                          folder.calib_cache(key), log)
+    with log.step(f"Writing {folder.onnx(kind).name} ({len(selection.nodes)} INT8 GEMMs)"):
+        record.qdq = write_int8(kind, fp32, dst, selection, amax)
+    s = settings.to_dict()
     record.calibration = CalibrationRecord(
-        key=key, method=opts.int8.method, samples=len(data), data=str(calib_root.resolve()),
+        key=key, method=settings.method, samples=data.count, data=str(calib_root.resolve()),
         requested_samples=opts.samples, percentile=s["percentile"], quantize_attention=s["quantize_attention"],
         exclude_nodes=s["exclude_nodes"], exclude_blocks=s["exclude_blocks"])
-    record.qdq = summary
     return key, reused
-
-
-def _calibrate_and_quantize(fp32: Path, dst: Path, data: Dataset, manifest: Manifest, settings: Int8Settings,
-                            cache: Path, log: Log) -> bool:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    if cache.is_file():
-        with log.step("Quantizing with cached ranges"):
-            return quantize_int8(fp32, dst, data.x, manifest.input_name, settings, cache)
-    with log.step(f"Calibrating ({settings.method}) and quantizing"):
-        if log.quiet:
-            return quantize_int8(fp32, dst, data.x, manifest.input_name, settings, cache)
-        with Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      transient=True, console=Console(stderr=True)) as bar:
-            task = bar.add_task("calib", total=len(data))
-            return quantize_int8(fp32, dst, data.x, manifest.input_name, settings, cache,
-                                 tick=lambda n: bar.advance(task, n))
 
 
 def stale_reason(folder: ModelFolder, kind: str, calib: CalibOptions | None) -> str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VitexportError
+from .convert import save_checked, to_fp16, topological_sort
 
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
@@ -81,36 +82,7 @@ def select_gemms(graph, excluded: set[str], quantize_attention: bool = False, sk
     return GemmSelection(nodes, list(dict.fromkeys(acts)), list(dict.fromkeys(outs)) if with_outputs else [])
 
 
-# -- helpers on graphs --------------------------------------------------------------------------------------
-
-def topological_sort(graph) -> None:
-    """Order nodes so each comes after the producers of its inputs (onnx.checker requires it)."""
-    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    pending = list(graph.node)
-    ordered = []
-    while pending:
-        rest = []
-        for node in pending:
-            if all(i in available for i in node.input) and _subgraph_inputs_ready(node, available):
-                ordered.append(node)
-                available.update(node.output)
-            else:
-                rest.append(node)
-        if len(rest) == len(pending):
-            missing = sorted({i for n in rest for i in n.input if i not in available})[:3]
-            raise VitexportError(f"The graph has a cycle or unknown inputs ({', '.join(missing)}).")
-        pending = rest
-    if [id(n) for n in ordered] != [id(n) for n in graph.node]:
-        copies = [type(n)() for n in ordered]
-        for c, n in zip(copies, ordered):
-            c.CopyFrom(n)
-        del graph.node[:]
-        graph.node.extend(copies)
-
-
-def _subgraph_inputs_ready(node, available: set[str]) -> bool:
-    return not any(a.type == a.GRAPH for a in node.attribute)  # no control flow in a ViT; treat as ready
-
+# -- helpers -----------------------------------------------------------------------------------------------
 
 def _weight_axis(node, weight_shape: tuple[int, ...]) -> int:
     """The output-channel axis of a GEMM's weight: per-channel scales run along it."""
@@ -141,36 +113,9 @@ def activation_scale(amax: float, dtype=np.float16) -> np.ndarray:
 # -- the TensorRT-shaped graph ------------------------------------------------------------------------------
 
 def fp16_everywhere(fp32_model):
-    """FP32 ModelProto -> FP16 compute with FP32 graph inputs/outputs, nothing kept in FP32, sorted."""
-    import logging
-    import warnings
-
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        logging.getLogger("onnxruntime.transformers.float16").setLevel(logging.ERROR)
-        model = convert_float_to_float16(fp32_model, keep_io_types=True, op_block_list=[],
-                                         disable_shape_infer=False)
-    dedupe_nodes(model.graph)
-    topological_sort(model.graph)
-    return model
-
-
-def dedupe_nodes(graph) -> None:
-    """The FP16 converter inserts one Cast per consumer of a shared initializer, all with the same name and
-    output (the exporter shares identical initializers). Keep the first."""
-    seen: set[tuple] = set()
-    keep = []
-    for node in graph.node:
-        key = (node.name, node.op_type, tuple(node.input), tuple(node.output))
-        if node.op_type == "Cast" and key in seen:
-            continue
-        seen.add(key)
-        keep.append(node)
-    if len(keep) != len(graph.node):
-        del graph.node[:]
-        graph.node.extend(keep)
+    """FP32 ModelProto -> FP16 compute with FP32 graph inputs/outputs, nothing kept in FP32 (ModelOpt's
+    remainder for TensorRT: strongly typed LayerNormalization handles its own precision)."""
+    return to_fp16(fp32_model, keep_fp32=())
 
 
 def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, float], scale_dtype=np.float16):
@@ -246,11 +191,7 @@ def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: d
 
     fp32 = onnx.load(str(fp32_path))
     model = insert_qdq(fp32, fp16_everywhere(onnx.load(str(fp32_path))), selection, amax)  # converts in place
-    try:
-        onnx.checker.check_model(model, full_check=True)
-    except onnx.checker.ValidationError as e:
-        raise VitexportError(f"The TensorRT INT8 graph failed onnx.checker: {str(e).splitlines()[0]}") from None
-    onnx.save_model(model, str(dst))
+    save_checked(model, dst, "TensorRT INT8")
 
 
 # -- invariants (what tests and `vitexport info` check) ------------------------------------------------------

@@ -1,0 +1,209 @@
+"""INT8 from real images: choose the GEMMs, calibrate in bounded memory (cached by content), write the graph.
+
+One calibration serves both INT8 files of a folder (the CPU one and the TensorRT-shaped one): they quantize the
+same GEMM inputs, so the ranges are measured once, stored under calib-cache/<key>.json, and reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .. import __version__
+from ..data import IMAGE_SUFFIXES, iter_batches, list_images, select
+from ..errors import VitexportError
+from ..folder import sha256_file
+from ..paths import write_text_atomic
+from ..progress import QUIET, Log
+from .calibrate import calibrate
+from .convert import save_checked
+from .qdq import GemmSelection, insert_qdq, select_gemms, trt_int8_invariants, write_trt_int8
+
+CACHE_FORMAT = "vitexport-calibration/2"
+CALIB_BATCH = 8  # images per calibration run: memory is one batch of activations, whatever the image count
+INT8_KINDS = ("int8", "int8-trt")  # FP32 remainder for CPU runtimes | FP16 remainder shaped for TensorRT
+
+
+@dataclass
+class CalibrationSet:
+    """The calibration inputs chosen from a folder (or .npy files), read lazily batch by batch."""
+
+    root: Path
+    files: list[Path]  # images, or .npy files
+    count: int  # inputs (images, or rows of the .npy arrays)
+    npy_rows: list[tuple[int, int]] | None = None  # (file index, row) per input, for .npy data
+
+    def batches(self, preprocess, batch: int = CALIB_BATCH) -> Iterator[np.ndarray]:
+        if self.npy_rows is None:
+            yield from iter_batches(self.files, preprocess, batch)
+            return
+        arrays = [np.load(f, mmap_mode="r", allow_pickle=False) for f in self.files]
+        for i in range(0, len(self.npy_rows), batch):
+            rows = [arrays[f][r] for f, r in self.npy_rows[i:i + batch]]
+            yield np.ascontiguousarray(np.stack(rows), dtype=np.float32)
+
+
+def calibration_set(root: Path, preprocess, samples: int | None) -> CalibrationSet:
+    """Choose `samples` inputs spread over the folder without reading any image (only what is used is read)."""
+    root = Path(root)
+    if samples is not None and samples < 1:
+        raise VitexportError("--calib-samples must be at least 1.")
+    if not root.exists():
+        raise VitexportError(f"Calibration data {root} does not exist.")
+    if root.is_file() and root.suffix == ".npy":
+        return _npy_set(root.parent, [root], preprocess, samples)
+    if not root.is_dir():
+        raise VitexportError(f"{root} is neither a folder of images nor a .npy file.")
+    files = list_images(root)
+    if files:
+        chosen = select(files, samples)
+        return CalibrationSet(root, chosen, len(chosen))
+    npys = sorted(root.rglob("*.npy"))
+    if npys:
+        return _npy_set(root, npys, preprocess, samples)
+    raise VitexportError(f"Calibration folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
+
+
+def _npy_set(root: Path, files: list[Path], preprocess, samples: int | None) -> CalibrationSet:
+    rows = []
+    want = (3, *preprocess.input_size)
+    for i, f in enumerate(files):
+        try:
+            a = np.load(f, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise VitexportError(f"Cannot read {f}: {str(e).strip() or e.__class__.__name__}.") from None
+        if a.ndim != 4 or tuple(a.shape[1:]) != want:
+            raise VitexportError(f"{f} has shape {a.shape}; expected (N, {want[0]}, {want[1]}, {want[2]}) "
+                                 "preprocessed inputs.")
+        rows += [(i, r) for r in range(a.shape[0])]
+    chosen = select(rows, samples)
+    return CalibrationSet(root, files, len(chosen), chosen)
+
+
+def calibration_key(fp32_sha: str, data: CalibrationSet, preprocess: dict, settings: dict) -> str:
+    """Content address of a calibration: model bytes, the chosen inputs' bytes, preprocessing, method, version."""
+    h = hashlib.sha256()
+    payload = {"onnx": fp32_sha, "preprocess": preprocess, "settings": settings, "format": CACHE_FORMAT,
+               "vitexport": __version__, "rows": data.npy_rows}
+    h.update(json.dumps(payload, sort_keys=True).encode())
+    for f in data.files:
+        rel = f.relative_to(data.root) if f.is_relative_to(data.root) else Path(f.name)
+        h.update(os.fsencode(rel))  # bytes, not text: names need not be valid UTF-8
+        h.update(bytes.fromhex(sha256_file(f)))
+    return h.hexdigest()[:32]
+
+
+def read_cached_ranges(cache: Path, needed: list[str], log: Log = QUIET) -> dict[str, float] | None:
+    """The cached ranges when the file is whole and covers `needed`; None (and a warning) when it is damaged."""
+    if not cache.is_file():
+        return None
+    try:
+        data = json.loads(cache.read_text())
+        amax = data["amax"]
+        ok = data.get("format") == CACHE_FORMAT and isinstance(amax, dict) and all(
+            isinstance(amax.get(t), (int, float)) and math.isfinite(amax[t]) and amax[t] >= 0 for t in needed)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        ok = False
+    if not ok:
+        log.warn(f"The calibration cache {cache.name} is damaged or incomplete: calibrating again.")
+        return None
+    return {t: float(amax[t]) for t in needed}
+
+
+def write_cached_ranges(cache: Path, amax: dict[str, float], method: str, samples: int) -> None:
+    body = {"format": CACHE_FORMAT, "method": method, "samples": samples, "amax": amax}
+    write_text_atomic(cache, json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+
+def selection_for(fp32: Path, settings, exclude: list[str]) -> GemmSelection:
+    import onnx
+
+    graph = onnx.load(str(fp32), load_external_data=False).graph
+    return select_gemms(graph, set(exclude), quantize_attention=settings.quantize_attention,
+                        skip_matrix_vector=True)
+
+
+def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, selection: GemmSelection, settings,
+           cache: Path, log: Log) -> tuple[dict[str, float], bool]:
+    """(tensor -> amax, reused): from the cache when it is there and whole, else calibrated now and cached."""
+    cached = read_cached_ranges(cache, selection.activations, log)
+    if cached is not None:
+        log.info(f"Reusing calibration cache {cache.name} (same model, data, preprocessing and method).")
+        return cached, True
+    with log.step(f"Calibrating ({settings.method}) on {data.count} inputs, {len(selection.activations)} tensors"):
+        with _progress(log, data.count) as tick:
+            stats = calibrate(fp32, selection.activations, data.batches(preprocess), input_name, settings.method,
+                              settings.percentile, tick=tick)
+    if stats.samples != data.count:
+        raise VitexportError(f"Calibration read {stats.samples} inputs, expected {data.count}.")
+    write_cached_ranges(cache, stats.amax, settings.method, stats.samples)
+    return stats.amax, False
+
+
+class _progress:
+    """A progress bar with ETA on stderr over calibration inputs (nothing with --quiet)."""
+
+    def __init__(self, log: Log, total: int) -> None:
+        self.log, self.total, self.bar = log, total, None
+
+    def __enter__(self) -> Callable[[int], None] | None:
+        if self.log.quiet:
+            return None
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self.bar = Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("eta"), TimeRemainingColumn(), transient=True, console=Console(stderr=True))
+        self.bar.start()
+        task = self.bar.add_task("calib", total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]) -> dict:
+    """Write the INT8 graph of `kind` to dst (checked by onnx.checker); returns its Q/DQ invariants."""
+    import onnx
+
+    if kind == "int8-trt":
+        write_trt_int8(fp32, dst, selection, amax)
+    elif kind == "int8":
+        model = insert_qdq(onnx.load(str(fp32)), onnx.load(str(fp32)), selection, amax, np.float32)
+        save_checked(model, dst, "INT8")
+    else:
+        raise VitexportError(f"Unknown INT8 kind {kind!r}; choose one of: {', '.join(INT8_KINDS)}.")
+    inv = trt_int8_invariants(onnx.load(str(dst)))
+    if inv["nonzero_zero_points"]:
+        raise VitexportError("Quantization produced non-zero zero points, which TensorRT rejects.")
+    inv["quantized_gemms"] = len(selection.nodes)
+    return inv
+
+
+def resolve_exclusions(fp32: Path, settings) -> list[str]:
+    """--exclude-node / --exclude-block as node names of the graph; an unknown name is one sentence."""
+    import onnx
+
+    names = [n.name for n in onnx.load(str(fp32), load_external_data=False).graph.node]
+    out = []
+    for name in settings.exclude_nodes:
+        if name not in names:
+            close = [n for n in names if name in n][:3]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise VitexportError(f"No node named {name!r} in the graph{hint}.")
+        out.append(name)
+    for b in settings.exclude_blocks:
+        block = [n for n in names if n.startswith(f"blocks.{b}.") or n.startswith(f"blocks.{b}/")]
+        if not block:
+            raise VitexportError(f"The graph has no block {b}.")
+        out += block
+    return sorted(set(out))
