@@ -234,18 +234,29 @@ def test_other_gpu_same_compute_capability_runs_with_a_message(tmp_path):
 
 # -- TensorRT version ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version,expected", [("10.1.0.27", (10, 1)), ("10.13.0.35", (10, 13)), ("11.0.0", (11, 0)),
+@pytest.mark.parametrize("version,expected", [("10.12.0.36", (10, 12)), ("10.13.0.35", (10, 13)), ("11.0.0", (11, 0)),
                                               ("11.1.0.5", (11, 1)), ("12.0", (12, 0))])
 def test_supported_tensorrt_versions(version, expected):
     assert check_trt_version(version) == expected
 
 
-@pytest.mark.parametrize("version", ["8.6.1", "9.3.0.1", "10.0.1.6"])
-def test_old_tensorrt_versions_are_rejected(version):
-    with pytest.raises(EngineUnavailable, match=f"TensorRT {version} is installed, but vitexport needs TensorRT 10.1") \
-            as e:
+@pytest.mark.parametrize("version", ["8.6.1", "9.3.0.1", "10.0.1.6", "10.1.0.27", "10.11.0.33", "10.2"])
+def test_tensorrt_before_10_12_is_rejected_with_the_reason(version):
+    with pytest.raises(EngineUnavailable) as e:
         check_trt_version(version)
+    assert str(e.value) == (f"TensorRT {version} is installed, but vitexport needs TensorRT 10.12 or newer (strongly "
+                            f"typed networks are complete from TensorRT 10.12 on); upgrade it with "
+                            f"`pip install -U 'vitexport[trt]'`.")
     assert e.value.exit_code == EXIT_NO_TENSORRT
+
+
+def test_the_package_extra_asks_for_the_same_floor():
+    import re
+
+    from vitexport.tensorrt_engine.options import MIN_TENSORRT
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^trt = \["tensorrt>=(\d+)\.(\d+)"\]', pyproject, re.M).groups() == tuple(map(str, MIN_TENSORRT))
 
 
 def test_unreadable_version_is_rejected():

@@ -19,7 +19,13 @@ from typing import Any, Sequence
 
 from ..errors import VitexportError
 from ..folder import PLAN_PRECISIONS
-MIN_TENSORRT = (10, 1)  # strongly typed networks + explicit quantization, without the deprecated builder flags
+
+# Strongly typed networks are complete from TensorRT 10.12 on: NVIDIA's strong-typing migration guidance
+# (TensorRT repo, .agents/skills/trt-strong-typing-migration/SKILL.md, 11.1: "strong typing is fully available from
+# 10.12 onward"; a build on 10.11 or earlier is told to upgrade). 10.12 is also where the weak-typing builder flags
+# that 11.0 removes were deprecated. Rather than list what a strongly typed build lacks below 10.12, we refuse it.
+MIN_TENSORRT = (10, 12)
+MIN_TENSORRT_WHY = "strongly typed networks are complete from TensorRT 10.12 on"
 OPT_LEVELS = range(0, 6)  # IBuilderConfig.builder_optimization_level: 0 (fastest build) .. 5 (most tactics)
 
 EXIT_NO_TENSORRT = 4
@@ -30,7 +36,7 @@ Shape = tuple[int, int, int, int]  # (batch, channels, height, width)
 
 
 class EngineUnavailable(VitexportError):
-    """TensorRT (10.1 or newer) or a CUDA GPU is missing: the engine cannot be built or run on this machine."""
+    """TensorRT (10.12 or newer) or a CUDA GPU is missing: the engine cannot be built or run on this machine."""
 
     exit_code = EXIT_NO_TENSORRT
 
@@ -42,8 +48,8 @@ class EngineUnavailable(VitexportError):
     @classmethod
     def old_tensorrt(cls, version: str) -> "EngineUnavailable":
         need = ".".join(map(str, MIN_TENSORRT))
-        return cls(f"TensorRT {version} is installed, but vitexport needs TensorRT {need} or newer; "
-                   f"upgrade it with `pip install -U 'vitexport[trt]'`.", EXIT_NO_TENSORRT)
+        return cls(f"TensorRT {version} is installed, but vitexport needs TensorRT {need} or newer "
+                   f"({MIN_TENSORRT_WHY}); upgrade it with `pip install -U 'vitexport[trt]'`.", EXIT_NO_TENSORRT)
 
     @classmethod
     def no_gpu(cls) -> "EngineUnavailable":
@@ -141,7 +147,7 @@ def check_batch(batch: int, lo: int, hi: int, plan_name: str) -> None:
 # -- TensorRT version -----------------------------------------------------------------------------------------
 
 def check_trt_version(version: str) -> tuple[int, int]:
-    """(major, minor) of an installed TensorRT; EngineUnavailable (exit 4) below 10.1 or when unreadable."""
+    """(major, minor) of an installed TensorRT; EngineUnavailable (exit 4) below MIN_TENSORRT or when unreadable."""
     m = re.match(r"^\s*(\d+)\.(\d+)", str(version))
     if not m:
         need = ".".join(map(str, MIN_TENSORRT))
