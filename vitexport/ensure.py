@@ -106,7 +106,8 @@ def build_plan(target: Target, opts: BuildOptions, *, spec: ModelSpec | None = N
 # -- opening a folder ----------------------------------------------------------------------------------------
 
 def _path_of(target: Path | str | ModelFolder) -> Path:
-    return target.path if isinstance(target, ModelFolder) else Path(target)
+    """Where an export goes: a folder's FP32 ONNX (under the manifest's name), or the path as given."""
+    return target.onnx() if isinstance(target, ModelFolder) else Path(target)
 
 
 def _open(target: Target, spec: ModelSpec | None, export: bool, log: Log) -> tuple[ModelFolder, ExportResult | None]:

@@ -47,7 +47,7 @@ class ModelSpec:
 
     def differences(self, manifest: "Manifest") -> list[str]:
         """How an existing export differs from what this spec asks for; empty when it is that model."""
-        from .checkpoints import resolve_weights
+        from .checkpoints import resolve_weights  # imports torch: only when an export is compared
 
         diffs = []
         if manifest.variant != self.variant:
