@@ -399,7 +399,9 @@ def test_a_failed_build_keeps_the_previous_engine(tmp_path, monkeypatch):
 def test_parse_failure_lists_every_error():
     msg = parse_failure_message(Path("m/model.int8.onnx"), ["In node 3 (Gelu): unsupported", "In node 9: bad scale"])
     assert msg.splitlines() == ["TensorRT could not parse model.int8.onnx (2 errors):",
-                                "  1. In node 3 (Gelu): unsupported", "  2. In node 9: bad scale"]
+                                "  1. In node 3 (Gelu): unsupported", "  2. In node 9: bad scale",
+                                "Run `vitexport trt` again with --verbose (or --verbose-log FILE) to see TensorRT's "
+                                "full log."]
 
 
 # -- runner refusals before TensorRT sees the plan ------------------------------------------------------------------

@@ -49,3 +49,70 @@ def test_bad_profile_rejected_before_any_work(digits, tmp_path):
     r = CliRunner().invoke(cli, ["trt", "--int8", str(folder), "--opt-batch", "64", "-q"])
     assert r.exit_code == 2 and "--opt-batch" in r.output
     assert not (folder / "model.int8.onnx").exists()
+
+
+# -- with a stand-in tensorrt: the TensorRT log options, a failed build, Ctrl-C -------------------------------------
+
+def _fake_machine(monkeypatch):
+    import fake_tensorrt
+
+    from vitexport.tensorrt_engine import compiler
+
+    fake_tensorrt.install(monkeypatch)
+    monkeypatch.setattr(compiler, "require_trt_and_gpu", lambda: ("10.13.0.35", {
+        "name": "NVIDIA H200", "compute_capability": "9.0", "driver": "13.0", "cuda_runtime": "13.0"}))
+    return fake_tensorrt
+
+
+def test_verbose_options_are_parsed_and_checked_before_any_work(digits, tmp_path):
+    r = CliRunner().invoke(cli, ["trt", "--fp32", str(digits), "--verbose-log", str(tmp_path)])
+    assert r.exit_code == 2 and "--verbose-log" in r.output and "is a folder" in r.output
+    r = CliRunner().invoke(cli, ["trt", "--fp32", str(digits), "--verbose-log", str(tmp_path / "no" / "t.log")])
+    assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_verbose_log_gets_tensorrts_messages_and_the_failure_points_at_it(digits, tmp_path, monkeypatch):
+    fake = _fake_machine(monkeypatch)
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder)
+
+    def failing(logger, monitor):
+        logger.log(fake.ILogger.Severity.VERBOSE, "Tactic 0x1 timing")
+        logger.log(fake.ILogger.Severity.INFO, "Total memory 12 MiB")
+        logger.log(fake.ILogger.Severity.ERROR, "out of device memory")
+        return None
+
+    fake.on_build = failing
+    log = tmp_path / "trt.log"
+    r = CliRunner().invoke(cli, ["trt", "--fp32", str(folder), "-q", "--verbose", "--verbose-log", str(log)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "out of device memory" in r.output and f"TensorRT's full log is in {log}" in r.output
+    assert "[TensorRT I] Total memory 12 MiB" in r.output  # --verbose: on stderr
+    assert log.read_text().splitlines() == ["[TensorRT V] Tactic 0x1 timing", "[TensorRT I] Total memory 12 MiB",
+                                            "[TensorRT E] out of device memory"]
+    assert not list(folder.glob("*.plan"))
+
+
+def test_without_verbose_the_failure_says_how_to_see_the_log(digits, tmp_path, monkeypatch):
+    fake = _fake_machine(monkeypatch)
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder)
+    fake.on_build = lambda logger, monitor: None  # TensorRT gave up and logged nothing
+    r = CliRunner().invoke(cli, ["trt", "--fp32", str(folder), "-q"])
+    assert r.exit_code == 2, r.output
+    assert "logged no error; run `vitexport trt` again with --verbose (or --verbose-log FILE)" in r.output
+
+
+def test_ctrl_c_during_the_build_exits_130_and_keeps_nothing(digits, tmp_path, monkeypatch):
+    import _thread
+    import time
+
+    fake = _fake_machine(monkeypatch)
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder)
+    fake.STEPS = 400
+    fake.on_step = lambda i: (_thread.interrupt_main() if i == 2 else None, time.sleep(0.01))
+    r = CliRunner().invoke(cli, ["trt", "--fp32", str(folder), "-q"])
+    assert r.exit_code == 130, r.output
+    assert "Interrupted" in r.output and "Traceback" not in r.output
+    assert not list(folder.glob("*.plan")) and not list(folder.glob("*.plan.json"))

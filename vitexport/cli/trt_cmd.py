@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..tensorrt_engine.options import BuildOptions
+from ..tensorrt_engine.options import BuildOptions, LogOptions
 from .groups import CALIB, MODEL, QUIET, TARGET, OptionGroup, opt, use
 
 BUILD = OptionGroup(
@@ -30,16 +30,29 @@ BUILD = OptionGroup(
 )
 
 
+TRT_LOG = OptionGroup(
+    "trt_log",
+    lambda: [
+        opt("--verbose", is_flag=True, help="Show TensorRT's own INFO and VERBOSE messages on stderr."),
+        opt("--verbose-log", type=click.Path(path_type=Path), default=None, metavar="FILE",
+            help="Write every message TensorRT logs (all severities) to FILE."),
+    ],
+    lambda verbose, verbose_log: LogOptions(verbose=verbose, file=verbose_log).validate(),
+)
+
+
 @click.command("trt")
-@use(BUILD, TARGET, MODEL, CALIB, QUIET)
-def trt_command(build, target, spec, calib, log):
+@use(BUILD, TARGET, MODEL, CALIB, TRT_LOG, QUIET)
+def trt_command(build, target, spec, calib, trt_log, log):
     """Compile the FP16/INT8/FP32 ONNX into model.<precision>.plan with a sidecar JSON.
 
     The FP16/INT8 ONNX is made first when missing (same options as `vitexport quantize`). Without
     TensorRT the command still writes it, then exits 4 (TensorRT not installed) or 5 (no CUDA GPU).
     """
     from ..ensure import build_plan
+    from ..tensorrt_engine.events import MESSAGES
 
-    result = build_plan(target, build, spec=spec, calib=calib, log=log,
-                        on_source=lambda prec, path: click.echo(f"{prec.upper()} ONNX: {path}"))
+    with MESSAGES.echo(trt_log):
+        result = build_plan(target, build, spec=spec, calib=calib, log=log,
+                            on_source=lambda prec, path: click.echo(f"{prec.upper()} ONNX: {path}"))
     click.echo(f"TensorRT engine: {result.plan_path} (sidecar: {result.sidecar_path})")

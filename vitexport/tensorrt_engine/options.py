@@ -3,7 +3,8 @@
 - build options and their validation (checked before any ONNX is prepared or any build starts);
 - the optimization profile of the batch axis;
 - the TensorRT version floor and the errors for a missing TensorRT or GPU (exit codes 4 and 5);
-- the messages of a failed parse or build.
+- where TensorRT's own log goes (`LogOptions`: `vitexport trt --verbose / --verbose-log FILE`);
+- the messages of a failed parse or build, which point at that log.
 
 File names (which ONNX feeds which plan) belong to vitexport.folder; the sidecar and the verdict on whether a
 plan can run here to .sidecar. This module never imports tensorrt.
@@ -159,21 +160,50 @@ def check_trt_version(version: str) -> tuple[int, int]:
     return major_minor
 
 
+# -- TensorRT's own log -----------------------------------------------------------------------------------
+
+@dataclass
+class LogOptions:
+    """Where TensorRT's own messages go besides the failure message: `vitexport trt --verbose / --verbose-log`."""
+
+    verbose: bool = False  # TensorRT's INFO and VERBOSE messages on stderr
+    file: Path | None = None  # every message TensorRT logs, all severities, written to this file
+
+    def validate(self) -> "LogOptions":
+        if self.file is not None:
+            f = Path(self.file)
+            if f.is_dir():
+                raise VitexportError(f"--verbose-log {f} is a folder; give a file path.")
+            if not f.parent.is_dir():
+                raise VitexportError(f"--verbose-log {f}: the folder {f.parent} does not exist.")
+        return self
+
+
+def log_hint(verbose: bool = False, files: Sequence[Path] = ()) -> str:
+    """Where to read TensorRT's full log, for a failure message: the file or stderr when one is being written."""
+    if files:
+        return f"TensorRT's full log is in {', '.join(str(f) for f in files)}"
+    if verbose:
+        return "TensorRT's verbose log above has the details"
+    return "run `vitexport trt` again with --verbose (or --verbose-log FILE) to see TensorRT's full log"
+
+
 # -- messages -------------------------------------------------------------------------------------------------
 
-def parse_failure_message(onnx_path: Path, errors: Sequence[str]) -> str:
-    """Every ONNX parser error, numbered: the first is often a symptom of a later one."""
-    name = Path(onnx_path).name
+def parse_failure_message(onnx_path: Path, errors: Sequence[str], hint: str | None = None) -> str:
+    """Every ONNX parser error, numbered (the first is often a symptom of a later one), and where the log is."""
+    name, hint = Path(onnx_path).name, hint or log_hint()
     if not errors:
-        return f"TensorRT could not parse {name} and gave no reason; run with TensorRT's verbose log to see why."
+        return f"TensorRT could not parse {name} and gave no reason; {hint}."
     lines = [f"TensorRT could not parse {name} ({len(errors)} error{'s' if len(errors) != 1 else ''}):"]
     lines += [f"  {i}. {e.strip()}" for i, e in enumerate(errors, 1)]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"{hint[0].upper()}{hint[1:]}."])
 
 
-def build_failure_message(onnx_path: Path, errors: Sequence[str]) -> str:
-    name = Path(onnx_path).name
+def build_failure_message(onnx_path: Path, errors: Sequence[str], hint: str | None = None) -> str:
+    """The errors TensorRT logged during this build (not before it), and where the full log is."""
+    name, hint = Path(onnx_path).name, hint or log_hint()
     if not errors:
-        return f"TensorRT could not build an engine from {name} and logged no error."
+        return f"TensorRT could not build an engine from {name} and logged no error; {hint}."
     lines = [f"TensorRT could not build an engine from {name}:"] + [f"  {e.strip()}" for e in errors]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"{hint[0].upper()}{hint[1:]}."])

@@ -2,110 +2,67 @@
 
 Precision is in the ONNX (FP16 weights/ops, or Q/DQ nodes for INT8), so the network is strongly typed and no
 precision builder flag or calibrator is set: both are gone in TensorRT 11. FP32 clears TF32 to give a true
-FP32 reference engine. Works on TensorRT 10.1+ and 11.x. Every decision comes from `options`.
+FP32 reference engine. Needs TensorRT 10.12+ (options.MIN_TENSORRT); 11.x works too. Every decision comes from
+`options` and `events`; the classes here only forward TensorRT's callbacks to them.
 
-Imported lazily (by compiler.run_trt) so that a missing TensorRT never breaks `import vitexport`.
+Also holds `LOGGER`, the process's one TensorRT logger, which the runner uses too (events.MESSAGES explains why).
+Imported lazily (by compiler.run_trt and the runner) so that a missing TensorRT never breaks `import vitexport`.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import tensorrt as trt
 
 from ..errors import VitexportError
 from ..paths import atomic_path
 from ..progress import QUIET, Log
+from .events import MESSAGES, BuildMonitor, Session, run_cancellable
 from .options import BuildOptions, build_failure_message, input_chw, parse_failure_message, profile_shapes
-
-HEARTBEAT_S = 30.0  # print "still building" at least this often, even when TensorRT reports no step
-STEP_REPORT_S = 5.0  # at most one step line per phase this often
 
 
 class _Logger(trt.ILogger):
-    """TensorRT's messages: errors kept for the failure message, warnings shown (unless --quiet)."""
+    """Every TensorRT message of this process, handed to events.MESSAGES (which never raises)."""
 
-    def __init__(self, out: Log) -> None:
+    def __init__(self) -> None:
         trt.ILogger.__init__(self)
-        self._out = out
-        self.errors: list[str] = []
-        self.warnings = 0
 
     def log(self, severity: trt.ILogger.Severity, msg: str) -> None:
-        if severity in (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR):
-            self.errors.append(msg)
-        elif severity == trt.ILogger.Severity.WARNING:
-            self.warnings += 1
-            self._out.info(f"TensorRT warning: {msg}")
+        MESSAGES.log(int(severity), msg)
+
+
+# Created once, at import: every Builder, OnnxParser and Runtime of the process gets this one (NVIDIA/TensorRT#1475).
+LOGGER = _Logger()
 
 
 class _ProgressMonitor(trt.IProgressMonitor):
-    """Build phases and steps on stderr with the elapsed build time. Called from TensorRT's threads."""
+    """TensorRT's progress callbacks, handed to an events.BuildMonitor (which catches everything, Ctrl-C included)."""
 
-    def __init__(self, out: Log) -> None:
+    def __init__(self, monitor: BuildMonitor) -> None:
         trt.IProgressMonitor.__init__(self)
-        self._out = out
-        self._t0 = time.perf_counter()
-        self._lock = threading.Lock()
-        self._phases: dict[str, tuple[int, int, float]] = {}  # name -> (depth, num_steps, last report time)
-        self.cancelled = False
-
-    def _elapsed(self) -> str:
-        return f"{time.perf_counter() - self._t0:.0f}s into the build"
+        self._monitor = monitor
 
     def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
         try:
-            with self._lock:
-                depth = 0 if parent_phase is None else self._phases.get(parent_phase, (0, 0, 0.0))[0] + 1
-                self._phases[phase_name] = (depth, num_steps, time.perf_counter())
-            if depth <= 1:
-                self._out.info(f"  {'  ' * depth}{phase_name} ({num_steps} step{'s' if num_steps != 1 else ''}, "
-                               f"{self._elapsed()})")
-        except KeyboardInterrupt:  # cannot cancel from here: step_complete returns False next
-            self.cancelled = True
+            self._monitor.phase_start(phase_name, parent_phase, num_steps)
+        except BaseException as e:  # noqa: BLE001 -- a Ctrl-C between two bytecodes lands here, not in the binding
+            self._monitor.fail(e)
 
     def step_complete(self, phase_name: str, step: int) -> bool:
         try:
-            now = time.perf_counter()
-            with self._lock:
-                depth, num_steps, last = self._phases.get(phase_name, (9, 0, now))
-                due = depth <= 1 and now - last >= STEP_REPORT_S
-                if due:
-                    self._phases[phase_name] = (depth, num_steps, now)
-            if due:
-                self._out.info(f"  {'  ' * depth}{phase_name}: {step + 1}/{num_steps} ({self._elapsed()})")
-            return not self.cancelled
-        except KeyboardInterrupt:
-            self.cancelled = True
+            return self._monitor.step_complete(phase_name, step)
+        except BaseException as e:  # noqa: BLE001
+            self._monitor.fail(e)
             return False
 
     def phase_finish(self, phase_name: str) -> None:
-        with self._lock:
-            self._phases.pop(phase_name, None)
-
-
-@contextmanager
-def _heartbeat(out: Log, every: float = HEARTBEAT_S) -> Iterator[None]:
-    """A line every `every` seconds while the builder runs (it releases the GIL, so this thread gets to speak)."""
-    stop = threading.Event()
-    t0 = time.perf_counter()
-
-    def beat() -> None:
-        while not stop.wait(every):
-            out.info(f"  still building ({time.perf_counter() - t0:.0f}s so far)")
-
-    thread = threading.Thread(target=beat, name="trt-build-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=1.0)
+        try:
+            self._monitor.phase_finish(phase_name)
+        except BaseException as e:  # noqa: BLE001
+            self._monitor.fail(e)
 
 
 def _use_timing_cache(config: trt.IBuilderConfig, path: Path | None, out: Log) -> bool:
@@ -129,20 +86,32 @@ def build_engine(onnx_path: Path, opts: BuildOptions, log: Log = QUIET) -> tuple
     """Parse the ONNX into a strongly typed network and build a plan for the options' batch profile.
 
     Returns the serialized plan (a standard TensorRT plan) and facts for the sidecar: input name, (C, H, W),
-    output names, TensorRT's own version, whether the timing cache was loaded/saved.
+    output names, TensorRT's own version, whether the timing cache was loaded/saved. A failure names only the
+    errors TensorRT logged during this build. Ctrl-C cancels the build and is re-raised (the CLI exits 130).
     """
     opts.validate()
     onnx_path = Path(onnx_path)
-    logger = _Logger(log)
-    builder = trt.Builder(logger)
-    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-    parser = trt.OnnxParser(network, logger)
-    with log.step(f"Parsing {onnx_path.name} into a strongly typed TensorRT network"):
-        parsed = parser.parse_from_file(os.fspath(onnx_path))  # reads external data beside the file too
-    errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-    if not parsed or errors:
-        raise VitexportError(parse_failure_message(onnx_path, errors or logger.errors))
+    monitor = BuildMonitor(log)
+    with MESSAGES.session(log, on_failure=monitor.fail) as messages:
+        builder = trt.Builder(LOGGER)
+        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        parser = trt.OnnxParser(network, LOGGER)
+        with log.step(f"Parsing {onnx_path.name} into a strongly typed TensorRT network"):
+            parsed = parser.parse_from_file(os.fspath(onnx_path))  # reads external data beside the file too
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        if not parsed or errors:
+            raise VitexportError(parse_failure_message(onnx_path, errors or messages.errors, MESSAGES.hint()))
+        config, facts = _configure(builder, network, onnx_path, opts, log)
+        config.progress_monitor = _ProgressMonitor(monitor)
+        plan = _build(builder, network, config, onnx_path, opts, facts, monitor, messages, log)
+    facts["timing_cache_saved"] = _save_timing_cache(config, opts, log)
+    facts.update(tensorrt_version=trt.__version__, tensorrt_warnings=messages.warnings)
+    return plan, facts
 
+
+def _configure(builder: trt.Builder, network: trt.INetworkDefinition, onnx_path: Path, opts: BuildOptions,
+               log: Log) -> tuple[trt.IBuilderConfig, dict[str, Any]]:
+    """The builder config for the options (profile, workspace, TF32, level, timing cache, layer details)."""
     if network.num_inputs != 1:
         raise VitexportError(f"{onnx_path.name} has {network.num_inputs} inputs; a ViT engine takes one image batch.")
     inp = network.get_input(0)
@@ -158,38 +127,36 @@ def build_engine(onnx_path: Path, opts: BuildOptions, log: Log = QUIET) -> tuple
         config.clear_flag(trt.BuilderFlag.TF32)  # on by default: FP32 matmuls would round to 10-bit mantissas
     if opts.opt_level is not None:
         config.builder_optimization_level = opts.opt_level
+    # each layer's types and tactic, readable later with the engine inspector (engine_info.py; the GPU tests)
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     profile = builder.create_optimization_profile()
     profile.set_shape(inp.name, trt.Dims(list(mn)), trt.Dims(list(op)), trt.Dims(list(mx)))
     if config.add_optimization_profile(profile) < 0:
         raise VitexportError(f"TensorRT rejected the batch profile {mn[0]}/{op[0]}/{mx[0]} for {inp.name!r}.")
     cache_path = Path(opts.timing_cache) if opts.timing_cache is not None else None
     cache_loaded = _use_timing_cache(config, cache_path, log) if cache_path is not None else False
-    monitor = _ProgressMonitor(log)
-    config.progress_monitor = monitor
+    facts = {"input_name": inp.name, "chw": list(chw), "output_names": outputs, "timing_cache_loaded": cache_loaded}
+    return config, facts
 
-    with log.step(f"Building the {opts.precision} engine (batch {mn[0]}/{op[0]}/{mx[0]}, image "
-                  f"{chw[0]}x{chw[1]}x{chw[2]}; this can take minutes)"), _heartbeat(log):
-        plan = builder.build_serialized_network(network, config)
-    if monitor.cancelled:
-        raise VitexportError("The engine build was cancelled; nothing was written.")
+
+def _build(builder: trt.Builder, network: trt.INetworkDefinition, config: trt.IBuilderConfig, onnx_path: Path,
+           opts: BuildOptions, facts: dict[str, Any], monitor: BuildMonitor, messages: Session, log: Log) -> bytes:
+    """build_serialized_network in a worker thread (events.run_cancellable); the plan's bytes or one sentence."""
+    c, h, w = facts["chw"]
+    with log.step(f"Building the {opts.precision} engine (batch {opts.min_batch}/{opts.opt_batch}/{opts.max_batch}, "
+                  f"image {c}x{h}x{w}; this can take minutes)"):
+        plan = run_cancellable(lambda: builder.build_serialized_network(network, config), monitor, log)
+    monitor.raise_if_failed()  # Ctrl-C (re-raised) or a callback that failed: before "logged no error"
     if plan is None or plan.nbytes == 0:
-        raise VitexportError(build_failure_message(onnx_path, logger.errors))
-    plan_bytes = bytes(plan)
+        raise VitexportError(build_failure_message(onnx_path, messages.errors, MESSAGES.hint()))
+    return bytes(plan)
 
-    cache_saved = False
-    if cache_path is not None:
-        serialized = config.get_timing_cache().serialize()
-        with atomic_path(cache_path) as tmp:
-            tmp.write_bytes(bytes(serialized))
-        cache_saved = True
-        log.info(f"Saved the timing cache to {cache_path}.")
-    info = {
-        "input_name": inp.name,
-        "chw": list(chw),
-        "output_names": outputs,
-        "tensorrt_version": trt.__version__,
-        "timing_cache_loaded": cache_loaded,
-        "timing_cache_saved": cache_saved,
-        "tensorrt_warnings": logger.warnings,
-    }
-    return plan_bytes, info
+
+def _save_timing_cache(config: trt.IBuilderConfig, opts: BuildOptions, log: Log) -> bool:
+    if opts.timing_cache is None:
+        return False
+    serialized = config.get_timing_cache().serialize()
+    with atomic_path(Path(opts.timing_cache)) as tmp:
+        tmp.write_bytes(bytes(serialized))
+    log.info(f"Saved the timing cache to {opts.timing_cache}.")
+    return True

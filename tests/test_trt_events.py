@@ -1,0 +1,258 @@
+"""TensorRT's callbacks without TensorRT: the progress monitor's Ctrl-C handling, the process's one logger, errors
+read since a build began, the verbose log; and trt_build run end to end against a stand-in `tensorrt` module."""
+
+from __future__ import annotations
+
+import _thread
+import io
+import time
+
+import pytest
+
+import fake_tensorrt
+from vitexport.errors import VitexportError
+from vitexport.progress import Log
+from vitexport.tensorrt_engine.events import (ERROR, INFO, VERBOSE, WARNING, MESSAGES, BuildMonitor, Messages,
+                                              run_cancellable)
+from vitexport.tensorrt_engine.options import BuildOptions, LogOptions, build_failure_message, log_hint
+
+
+class _Raising(Log):
+    """A progress log whose output raises (as Ctrl-C does, arriving while the callback prints)."""
+
+    def __init__(self, exc: BaseException, only_progress: bool = False) -> None:
+        super().__init__(stream=io.StringIO())
+        self.exc, self.only_progress = exc, only_progress
+
+    def info(self, text: str) -> None:
+        if not self.only_progress or text.startswith("  "):  # progress lines are indented
+            raise self.exc
+
+
+class _ExplodingPhases(dict):
+    def pop(self, *a, **k):
+        raise KeyboardInterrupt
+
+    def get(self, *a, **k):
+        raise KeyboardInterrupt
+
+
+# -- the progress monitor -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("callback", ["phase_start", "step_complete", "phase_finish"])
+def test_ctrl_c_in_any_callback_is_recorded_and_cancels_the_build(callback):
+    monitor = BuildMonitor(_Raising(KeyboardInterrupt()), clock=iter(range(0, 10**6, 100)).__next__)
+    monitor._phases = _ExplodingPhases()
+    if callback == "phase_start":
+        monitor.phase_start("Building", None, 3)  # the binding would swallow it: nothing may escape
+    elif callback == "step_complete":
+        assert monitor.step_complete("Building", 0) is False
+    else:
+        monitor.phase_finish("Building")
+    assert monitor.cancelled and isinstance(monitor.failure, KeyboardInterrupt)
+    assert monitor.step_complete("Building", 1) is False  # TensorRT cancels the build at its next step
+    with pytest.raises(KeyboardInterrupt):
+        monitor.raise_if_failed()
+
+
+def test_the_first_failure_is_kept():
+    monitor = BuildMonitor(Log(quiet=True))
+    monitor.fail(KeyboardInterrupt())
+    monitor.fail(ValueError("later"))
+    assert isinstance(monitor.failure, KeyboardInterrupt)
+
+
+def test_another_exception_in_a_callback_becomes_one_sentence():
+    monitor = BuildMonitor(_Raising(BrokenPipeError("stderr closed")))
+    monitor.phase_start("Building", None, 3)
+    assert monitor.step_complete("Building", 0) is False
+    with pytest.raises(VitexportError, match=r"cancelled because reporting its progress failed "
+                                             r"\(BrokenPipeError: stderr closed\); nothing was written") as e:
+        monitor.raise_if_failed()
+    assert isinstance(e.value.__cause__, BrokenPipeError)
+
+
+def test_a_healthy_monitor_prints_phases_and_continues():
+    out = io.StringIO()
+    ticks = iter([0.0, 0.0, 6.0, 6.0])
+    monitor = BuildMonitor(Log(stream=out), clock=lambda: next(ticks, 7.0))
+    monitor.phase_start("Building engine", None, 4)
+    assert monitor.step_complete("Building engine", 0) is True
+    monitor.phase_finish("Building engine")
+    monitor.raise_if_failed()
+    assert "Building engine (4 steps" in out.getvalue() and "Building engine: 1/4" in out.getvalue()
+
+
+def test_ctrl_c_in_the_waiting_thread_stops_the_worker_at_its_next_step():
+    monitor = BuildMonitor(Log(quiet=True))
+    steps = []
+
+    def build():
+        for step in range(500):
+            if not monitor.step_complete("Building", step):
+                return None
+            steps.append(step)
+            if step == 3:
+                _thread.interrupt_main()  # Ctrl-C: Python raises it in the main thread, which waits in join()
+            time.sleep(0.01)
+        return b"plan"
+
+    assert run_cancellable(build, monitor, Log(quiet=True), poll_s=0.01) is None
+    assert isinstance(monitor.failure, KeyboardInterrupt) and len(steps) < 500
+    with pytest.raises(KeyboardInterrupt):
+        monitor.raise_if_failed()
+
+
+def test_run_cancellable_returns_the_value_and_reraises_the_workers_error():
+    monitor = BuildMonitor(Log(quiet=True))
+    assert run_cancellable(lambda: 42, monitor, Log(quiet=True), poll_s=0.01) == 42
+
+    def boom():
+        raise RuntimeError("inside TensorRT")
+
+    with pytest.raises(RuntimeError, match="inside TensorRT"):
+        run_cancellable(boom, monitor, Log(quiet=True), poll_s=0.01)
+
+
+def test_heartbeat_while_building():
+    out = io.StringIO()
+    run_cancellable(lambda: time.sleep(0.25), BuildMonitor(Log(quiet=True)), Log(stream=out), heartbeat_s=0.05,
+                    poll_s=0.01)
+    assert "still building" in out.getvalue()
+
+
+# -- the log ---------------------------------------------------------------------------------------------------------
+
+def test_sessions_see_only_what_is_logged_while_they_are_open():
+    messages = Messages()
+    messages.log(ERROR, "from an earlier runner")
+    with messages.session(Log(quiet=True)) as build:
+        messages.log(ERROR, "this build's error")
+        messages.log(WARNING, "a warning")
+        messages.log(INFO, "info")
+    messages.log(ERROR, "after the build")
+    assert build.errors == ["this build's error"] and build.warnings == 1
+
+
+def test_warnings_go_to_the_session_log_errors_without_a_session_to_stderr(capsys):
+    messages, out = Messages(), io.StringIO()
+    with messages.session(Log(stream=out)):
+        messages.log(WARNING, "TF32 is off")
+    messages.log(ERROR, "nobody listens")
+    assert "TensorRT warning: TF32 is off" in out.getvalue()
+    assert "TensorRT error: nobody listens" in capsys.readouterr().err
+
+
+def test_the_log_callback_never_raises_and_hands_ctrl_c_to_the_open_sessions():
+    messages, seen = Messages(), []
+    with messages.session(_Raising(KeyboardInterrupt()), on_failure=seen.append) as s:
+        messages.log(WARNING, "printing this raises")  # must return normally: the binding would swallow it
+    assert isinstance(s.failure, KeyboardInterrupt) and len(seen) == 1
+
+
+def test_verbose_echo_to_stderr_and_to_a_file(tmp_path, capsys):
+    messages, path = Messages(), tmp_path / "trt.log"
+    with messages.echo(LogOptions(verbose=True, file=path)):
+        assert messages.hint() == f"TensorRT's full log is in {path}"
+        for sev, text in ((ERROR, "e"), (WARNING, "w"), (INFO, "i"), (VERBOSE, "v")):
+            messages.log(sev, text)
+    messages.log(VERBOSE, "after")
+    assert path.read_text().splitlines() == ["[TensorRT E] e", "[TensorRT W] w", "[TensorRT I] i", "[TensorRT V] v"]
+    err = capsys.readouterr().err
+    assert "[TensorRT I] i" in err and "[TensorRT V] v" in err and "[TensorRT E]" not in err and "after" not in err
+    assert messages.hint() == log_hint()
+
+
+def test_verbose_log_options_are_checked(tmp_path):
+    with pytest.raises(VitexportError, match="is a folder"):
+        LogOptions(file=tmp_path).validate()
+    with pytest.raises(VitexportError, match="does not exist"):
+        LogOptions(file=tmp_path / "no" / "trt.log").validate()
+    LogOptions(verbose=True, file=tmp_path / "trt.log").validate()
+
+
+def test_failure_messages_point_at_the_verbose_log():
+    assert "--verbose (or --verbose-log FILE)" in build_failure_message("m/model.onnx", [])
+    msg = build_failure_message("m/model.onnx", ["out of memory"], hint=log_hint(True))
+    assert msg.splitlines() == ["TensorRT could not build an engine from model.onnx:", "  out of memory",
+                                "TensorRT's verbose log above has the details."]
+
+
+# -- trt_build against a stand-in tensorrt ----------------------------------------------------------------------------
+
+def _onnx(tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"onnx")
+    return path
+
+
+def test_every_build_uses_the_one_process_logger(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    assert isinstance(trt_build.LOGGER, fake_tensorrt.ILogger)
+    for precision in ("fp16", "fp32"):
+        plan, facts = trt_build.build_engine(_onnx(tmp_path), BuildOptions(precision=precision))
+        assert plan == b"fake-plan" and facts["input_name"] == "pixel_values" and facts["chw"] == [3, 32, 32]
+    built = fake_tensorrt.created["builders"] + fake_tensorrt.created["parsers"]
+    assert len(built) == 4 and all(b.logger is trt_build.LOGGER for b in built)
+    b16, b32 = fake_tensorrt.created["builders"]
+    assert b16.config.profiling_verbosity == fake_tensorrt.ProfilingVerbosity.DETAILED
+    assert b32.config.cleared == [fake_tensorrt.BuilderFlag.TF32] and b16.config.cleared == []
+
+
+def test_a_failed_build_names_only_the_errors_logged_during_it(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    Severity = fake_tensorrt.ILogger.Severity
+    trt_build.LOGGER.log(Severity.ERROR, "an earlier runner's error")
+
+    def failing(logger, monitor):
+        logger.log(Severity.WARNING, "slow tactic")
+        logger.log(Severity.ERROR, "Internal Error: out of device memory")
+        return None
+
+    fake_tensorrt.on_build = failing
+    with pytest.raises(VitexportError) as e:
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions())
+    msg = str(e.value)
+    assert "out of device memory" in msg and "earlier runner" not in msg and "--verbose" in msg
+
+
+def test_ctrl_c_in_a_callback_cancels_the_build_and_reraises(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    steps = []
+    fake_tensorrt.on_step = steps.append
+    with pytest.raises(KeyboardInterrupt):  # not "TensorRT ... logged no error"
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions(), _Raising(KeyboardInterrupt(), only_progress=True))
+    assert steps == [0]  # phase_start recorded it; the first step_complete returned False
+
+
+def test_ctrl_c_while_tensorrt_works_cancels_the_build(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    fake_tensorrt.STEPS = 400
+    steps = []
+
+    def step(i):
+        steps.append(i)
+        if i == 2:
+            _thread.interrupt_main()
+        time.sleep(0.01)
+
+    fake_tensorrt.on_step = step
+    with pytest.raises(KeyboardInterrupt):
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions())
+    assert len(steps) < 400
+
+
+def test_warnings_are_counted_for_the_sidecar(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+
+    def warn(logger, monitor):
+        logger.log(fake_tensorrt.ILogger.Severity.WARNING, "weights converted")
+        return b"plan"
+
+    fake_tensorrt.on_build = warn
+    out = io.StringIO()
+    _, facts = trt_build.build_engine(_onnx(tmp_path), BuildOptions(timing_cache=tmp_path / "t.cache"),
+                                      Log(stream=out))
+    assert facts["tensorrt_warnings"] == 1 and "TensorRT warning: weights converted" in out.getvalue()
+    assert facts["timing_cache_saved"] and (tmp_path / "t.cache").read_bytes() == b"timing-cache"
+    assert MESSAGES.hint() == log_hint()  # nothing left echoing
