@@ -16,4 +16,5 @@ cd "$root"
 MYPYPATH="$TRT_STUBS_DIR/stubs" exec "$python" -m mypy \
     --config-file "$root/scripts/mypy-trt.ini" \
     --no-incremental --cache-dir "$TRT_STUBS_DIR/mypy-cache" \
-    vitexport/tensorrt_engine/trt_build.py vitexport/backends/tensorrt.py "$@"
+    vitexport/tensorrt_engine/trt_build.py vitexport/backends/tensorrt.py \
+    vitexport/tensorrt_engine/events.py vitexport/tensorrt_engine/engine_info.py vitexport/backends/cuda_stream.py "$@"

@@ -5,10 +5,13 @@ the bench lists it as "unavailable: <reason>" instead of failing. Heavy librarie
 
 For timing, inference is split into stage (host -> device copy of the input), run (compute only, synchronized
 before it returns) and fetch (device -> host copy of the output), so latency and copy time are reported apart.
+timed_run() is what the bench times: wall clock around run() here; a GPU runner with its own stream overrides it
+with CUDA events on that stream.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
@@ -77,6 +80,12 @@ class Runner(ABC):
     @abstractmethod
     def run(self, staged: Any) -> Any:
         """Compute on a staged input; returns when the result is complete (GPU work synchronized)."""
+
+    def timed_run(self, staged: Any) -> float:
+        """Milliseconds one run() takes. Wall clock; GPU runners with their own stream time it with CUDA events."""
+        t0 = time.perf_counter()
+        self.run(staged)
+        return (time.perf_counter() - t0) * 1e3
 
     def fetch(self, out: Any) -> np.ndarray:
         """Bring an output to the host as float32 (B, C)."""

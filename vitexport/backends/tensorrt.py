@@ -1,8 +1,10 @@
-"""TensorRT runner: a plan built by `vitexport trt`, run on the current CUDA stream with torch tensors as buffers.
+"""TensorRT runner: a plan built by `vitexport trt`, run on its own CUDA stream with torch tensors as buffers.
 
 load() refuses, with the reason, before TensorRT sees the plan: no TensorRT / no GPU, a missing or unreadable
 sidecar, a plan built with another TensorRT version or for another compute capability, or a plan whose bytes
-are not the ones its sidecar describes. Device memory is plain torch CUDA tensors (no pycuda).
+are not the ones its sidecar describes. Device memory is plain torch CUDA tensors (no pycuda). Copies, the enqueue
+and the timing all happen on one dedicated stream (cuda_stream.CudaStream); TensorRT messages go through the
+process's one logger (tensorrt_engine.trt_build.LOGGER), and a failed load names the errors logged during it.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import numpy as np
 
 from ..errors import BackendUnavailable, VitexportError
 from ..folder import ModelFolder, onnx_digest, precision_from_plan_name, sidecar_for
+from ..tensorrt_engine.engine_info import EngineLayers, parse_engine_information
+from ..tensorrt_engine.events import MESSAGES
 from ..tensorrt_engine.options import EngineUnavailable, check_batch
 from ..tensorrt_engine.probe import current_env, require_trt_and_gpu
 from ..tensorrt_engine.sidecar import check_compatibility, read_sidecar, rebuild_command
 from .base import Runner
+from .cuda_stream import CudaStream
 
 if TYPE_CHECKING:
     import tensorrt as trt
@@ -45,6 +50,7 @@ class TensorRTRunner(Runner):
         self._in_dtype: Any = None
         self._out_dtype: Any = None
         self._out_buffers: dict[tuple[int, ...], Any] = {}
+        self._stream: Any = None  # a CudaStream, made by load()
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def _check_plan(self, version: str, gpu: dict[str, Any]) -> bytes:
@@ -94,15 +100,20 @@ class TensorRTRunner(Runner):
         import tensorrt as trt
         import torch
 
+        from ..tensorrt_engine.trt_build import LOGGER
+
         torch_dtypes = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16,
                         trt.DataType.BF16: torch.bfloat16, trt.DataType.INT8: torch.int8,
                         trt.DataType.INT32: torch.int32, trt.DataType.INT64: torch.int64}
-        logger = trt.Logger(trt.Logger.WARNING)
-        runtime = trt.Runtime(logger)
-        engine = runtime.deserialize_cuda_engine(plan)
+        with MESSAGES.session() as messages:  # the errors of this load, not of an earlier build or load
+            runtime = trt.Runtime(LOGGER)
+            engine = runtime.deserialize_cuda_engine(plan)
+        if messages.failure is not None:
+            raise messages.failure  # a Ctrl-C that arrived in TensorRT's log callback
         if engine is None:
-            raise BackendUnavailable(f"TensorRT could not deserialize {self.plan_path.name} (see its log above); "
-                                     f"rebuild with `{rebuild_command(self.precision, self.plan_path.parent)}`.")
+            why = "; ".join(e.strip() for e in messages.errors) or "it logged no error"
+            raise BackendUnavailable(f"TensorRT could not deserialize {self.plan_path.name} ({why}); rebuild with "
+                                     f"`{rebuild_command(self.precision, self.plan_path.parent)}`.")
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
@@ -124,29 +135,47 @@ class TensorRTRunner(Runner):
             raise BackendUnavailable(f"TensorRT could not create an execution context for {self.plan_path.name} "
                                      f"(out of GPU memory?).")
         self._runtime, self._engine, self._context = runtime, engine, context
-        self._logger = logger  # TensorRT objects keep a reference, but the logger must outlive them
+        self._stream = CudaStream()
         self.info.update({"input": self._input, "output": self._output, "batch_range": list(self._batch_range),
-                          "io_dtypes": [str(in_dt), str(out_dt)]})
+                          "io_dtypes": [str(in_dt), str(out_dt)], "timer": "CUDA events on the runner's stream",
+                          "layer_precisions": self._layer_summary()})
+
+    def engine_layers(self) -> EngineLayers:
+        """Each layer's kind and precision, from the engine inspector (plans are built with DETAILED verbosity)."""
+        import tensorrt as trt
+
+        if self._engine is None:
+            raise BackendUnavailable(f"{self.name} is not loaded.")
+        inspector = self._engine.create_engine_inspector()
+        return parse_engine_information(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+
+    def _layer_summary(self) -> dict[str, Any] | str:
+        try:
+            return self.engine_layers().summary()
+        except VitexportError as e:  # an older plan, or an inspector layout this version cannot read
+            return f"unreadable: {e}"
 
     def _close(self) -> None:
         self._out_buffers.clear()
         self._context = self._engine = self._runtime = None
+        self._stream = None
 
     # -- inference --------------------------------------------------------------------------------------
     def stage(self, x: np.ndarray) -> Any:
-        import torch
-
         check_batch(int(x.shape[0]), *self._batch_range, self.plan_path.name)
         if tuple(x.shape[1:]) != self._chw:
             raise VitexportError(f"{self.plan_path.name} takes images of shape {self._chw}, got {tuple(x.shape[1:])}.")
-        return torch.from_numpy(np.ascontiguousarray(x)).to(device="cuda", dtype=self._in_dtype).contiguous()
+        return self._live_stream().upload(x, self._in_dtype)
 
-    def run(self, staged: Any) -> Any:
-        import torch
-
-        context = self._context
-        if context is None:
+    def _live_stream(self) -> Any:
+        if self._stream is None or self._context is None:
             raise BackendUnavailable(f"{self.name} is not loaded.")
+        return self._stream
+
+    def _enqueue(self, staged: Any) -> Any:
+        """Queue one inference on the runner's stream; the output buffer (reused per shape) is complete after a sync."""
+        stream, context = self._live_stream(), self._context
+        assert context is not None
         shape = tuple(int(d) for d in staged.shape)
         check_batch(shape[0], *self._batch_range, self.plan_path.name)
         if not context.set_input_shape(self._input, shape):
@@ -155,19 +184,25 @@ class TensorRTRunner(Runner):
         out_shape = tuple(int(dims[i]) for i in range(len(dims)))
         out = self._out_buffers.get(out_shape)
         if out is None:
-            out = self._out_buffers[out_shape] = torch.empty(out_shape, dtype=self._out_dtype, device="cuda")
+            out = self._out_buffers[out_shape] = stream.empty(out_shape, self._out_dtype)
         context.set_tensor_address(self._input, int(staged.data_ptr()))
         context.set_tensor_address(self._output, int(out.data_ptr()))
-        stream = torch.cuda.current_stream()
-        if not context.execute_async_v3(stream.cuda_stream):
+        if not context.execute_async_v3(stream.handle):
             raise VitexportError(f"TensorRT failed to run {self.plan_path.name} at batch {shape[0]}.")
-        stream.synchronize()
+        return out
+
+    def run(self, staged: Any) -> Any:
+        out = self._enqueue(staged)
+        self._live_stream().synchronize()
         return out  # a buffer reused by the next run() of this shape: fetch() copies it out
 
+    def timed_run(self, staged: Any) -> float:
+        """Milliseconds between CUDA events recorded on the runner's stream before and after one inference is queued."""
+        return self._live_stream().timed(lambda: self._enqueue(staged))
+
     def fetch(self, out: Any) -> np.ndarray:
-        return out.float().cpu().numpy()
+        return self._live_stream().download(out)
 
     def synchronize(self) -> None:
-        import torch
-
-        torch.cuda.synchronize()
+        if self._stream is not None:
+            self._stream.synchronize()

@@ -1,0 +1,147 @@
+"""Per-layer precision from TensorRT's engine inspector JSON, in the 10.x and the 11.x layout, without TensorRT.
+
+The samples are shaped like real output: 10.x Myelin layers (`"LayerType": "gemm"`, `"Format/Datatype": "Half"`,
+NVIDIA/TensorRT#4397; alpha/beta scalars as in samples/sampleEditableTimingCache/README.md), 10.x Cask layers
+(`"Thirty-two wide channel vectorized row major Int8 format"`, #3737; `"Row major linear FP32"`, #4020), and the
+11.x layout of the TensorRT 11.0 migration guide (`"I/O Tensors"` instead of `"Bindings"`, `Format` and `DataType`
+split).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vitexport.errors import VitexportError
+from vitexport.tensorrt_engine.engine_info import dtype_of, parse_engine_information, precision_problems
+
+
+def _t(name, dims, fmt, key="Format/Datatype"):
+    return {"Name": name, "Location": "Device", "Dimensions": dims, key: fmt}
+
+
+def _gemm_10x(name, act, weight_dims=(768, 768), scalar_type="Float", tactic=""):
+    return {"Name": name, "LayerType": "gemm",
+            "Inputs": [_t("act", [8, 197, 768], act), _t("w", list(weight_dims), act),
+                       _t("alpha", [1], scalar_type), _t("beta", [1], scalar_type)],
+            "Outputs": [_t("out", [8, 197, 768], act)], "TacticName": tactic, "StreamId": 0,
+            "Metadata": "[ONNX Layer: /blocks.0/mlp/fc1/MatMul]"}
+
+
+FP16_10X = {"Layers": [
+    {"Name": "Reformatting CopyNode for Input Tensor 0", "LayerType": "Reformat",
+     "Inputs": [_t("pixel_values", [8, 3, 224, 224], "Row major linear FP32")],
+     "Outputs": [_t("r", [8, 3, 224, 224], "Row major linear FP16 format")], "ParameterType": "Reformat"},
+    {"Name": "/patch_embed/proj/Conv", "LayerType": "CaskConvolution", "ParameterType": "Convolution",
+     "Inputs": [_t("r", [8, 3, 224, 224], "Channel major FP16 format where channel % 8 == 0")],
+     "Outputs": [_t("p", [8, 768, 14, 14], "Channel major FP16 format where channel % 8 == 0")],
+     "TacticName": "sm90_xmma_fprop_implicit_gemm_f16f16_f16f16_f16_nhwckrsc_nhwc"},
+    _gemm_10x("/blocks_0/mlp/fc1/MatMul_myl0_7", "Half",
+              tactic="sm90_xmma_gemm_f16f16_f16f16_f16_nn_n_tilesize128x128x64"),
+    {"Name": "__myl_AddCastMeanSubMulMeanAddSqrtDivMulCastMulAdd_myl0_8", "LayerType": "kgen",
+     "Inputs": [_t("a", [8, 197, 768], "Half")], "Outputs": [_t("b", [8, 197, 768], "Float")]},
+], "Bindings": ["pixel_values", "logits"]}
+
+INT8_10X = {"Layers": [
+    _gemm_10x("/blocks_0/attn/qkv/MatMul_myl0_3", "Int8", tactic="sm90_xmma_gemm_i8i8_i8i32_f32_tn_n"),
+    {"Name": "/patch_embed/proj/Conv", "LayerType": "CaskConvolution", "ParameterType": "Convolution",
+     "Inputs": [_t("x", [8, 3, 224, 224], "Thirty-two wide channel vectorized row major Int8 format")],
+     "Outputs": [_t("y", [8, 768, 14, 14], "Thirty-two wide channel vectorized row major Int8 format")],
+     "Weights": {"Type": "Int8", "Count": 589824}},
+    _gemm_10x("/head/MatMul_myl0_90", "Half", tactic="sm90_xmma_gemm_f16f16_f16f16_f16_nn_n"),
+], "Bindings": ["pixel_values", "logits"]}
+
+
+def _t11(name, dims, dtype, fmt, dtype_key="DataType"):
+    return {"Name": name, "Location": "Device", "Dimensions": dims, dtype_key: dtype, "Format": fmt}
+
+
+def _int8_11x(dtype_key):
+    return {
+        "Layers": [
+            {"Name": "/blocks_0/mlp/fc2/MatMul_myl0_12", "LayerType": "gemm",
+             "Inputs": [_t11("a", [8, 197, 3072], "Int8", "Row major linear INT8 format (kLINEAR)", dtype_key),
+                        _t11("s", [768], "Float", "Row major linear FP32 format (kLINEAR)", dtype_key)],
+             "Outputs": [_t11("o", [8, 197, 768], "Half", "Row major linear FP16 format (kLINEAR)", dtype_key)],
+             "TacticName": "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n", "StreamId": 0},
+            {"Name": "/blocks_0/attn/MatMul_myl0_5", "LayerType": "mha",
+             "Inputs": [_t11("q", [8, 12, 197, 64], "Half", "Row major linear FP16 format (kLINEAR)", dtype_key)],
+             "Outputs": [_t11("o", [8, 12, 197, 64], "Half", "Row major linear FP16 format (kLINEAR)", dtype_key)],
+             "TacticName": "_gemm_mha_v2_fp16"},
+        ],
+        "I/O Tensors": [{"Name": "pixel_values", "IOMode": "Input", "DataType": "Float",
+                         "Dimensions": [-1, 3, 224, 224], "Location": "Device", "IsShapeInferenceIO": False}],
+    }
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Half", "fp16"), ("Int8", "int8"), ("Float", "fp32"), ("BFloat16", "bf16"),
+    ("Row major linear FP16 format", "fp16"), ("Row major linear FP32", "fp32"),
+    ("Thirty-two wide channel vectorized row major Int8 format", "int8"),
+    ("Channel major FP16 format where channel % 8 == 0", "fp16"), ("Row major linear BFloat16 format", "bf16"),
+    ("Row major linear FP32 format (kLINEAR)", "fp32"), ("Row major linear Int64 format", "int64"),
+    ("FP4E2M1", "fp4"), ("Unknown format", None), (None, None), (3, None),
+])
+def test_type_words(text, expected):
+    assert dtype_of(text) == expected
+
+
+def test_fp16_engine_in_the_10x_layout():
+    engine = parse_engine_information(json.dumps(FP16_10X))
+    assert engine.layout == "10.x"
+    kinds = {f.name: (f.kind, f.precision) for f in engine.layers}
+    assert kinds["/patch_embed/proj/Conv"] == ("gemm", "fp16")
+    assert kinds["/blocks_0/mlp/fc1/MatMul_myl0_7"] == ("gemm", "fp16")  # FP32 alpha/beta scalars do not count
+    assert kinds["Reformatting CopyNode for Input Tensor 0"][0] == "other"
+    assert engine.summary() == {"layout": "10.x", "layers": 4, "gemm": {"fp16": 2}, "attention": {}, "opaque": 0}
+    assert precision_problems(engine, "fp16") == []
+    assert precision_problems(engine, "int8") == ["no int8 GEMM (GEMM precisions: {'fp16': 2})"]
+
+
+def test_int8_engine_in_the_10x_layout():
+    engine = parse_engine_information(INT8_10X)
+    assert [f.precision for f in engine.of_kind("gemm")] == ["int8", "int8", "fp16"]
+    assert precision_problems(engine, "int8") == []
+
+
+@pytest.mark.parametrize("dtype_key", ["DataType", "Datatype"])
+def test_int8_engine_in_the_11x_layout(dtype_key):
+    engine = parse_engine_information(json.dumps(_int8_11x(dtype_key)))
+    assert engine.layout == "11.x"
+    gemm, mha = engine.layers
+    assert (gemm.kind, gemm.precision, gemm.output_types) == ("gemm", "int8", ("fp16",))  # FP32 scale vector: wider
+    assert (mha.kind, mha.precision) == ("attention", "fp16")
+    assert precision_problems(engine, "int8") == []
+
+
+def test_an_fp32_gemm_is_named():
+    layers = {"Layers": [_gemm_10x("fc1_myl0_1", "Int8"), _gemm_10x("head_myl0_2", "Float",
+                                                                    tactic="sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n")]}
+    problems = precision_problems(parse_engine_information(layers), "int8")
+    assert len(problems) == 1 and problems[0].startswith("gemm 'head_myl0_2' runs in fp32")
+
+
+def test_the_tactic_name_decides_when_tensors_carry_no_type():
+    layer = {"Name": "fc", "LayerType": "gemm", "Inputs": [{"Name": "a", "Dimensions": [8, 768]}],
+             "Outputs": [], "TacticName": "sm80_xmma_gemm_i8i8_i8i32_f32_tn_n_tilesize64x64x64"}
+    assert parse_engine_information([layer]).layers[0].precision == "int8"
+
+
+def test_an_opaque_myelin_node_is_a_problem():
+    layers = {"Layers": [{"Name": "{ForeignNode[/blocks.0/norm1/LayerNormalization.../head/Gemm]}",
+                          "LayerType": "Myelin", "Inputs": [], "Outputs": []}], "Bindings": []}
+    engine = parse_engine_information(layers)
+    assert engine.layers[0].kind == "opaque"
+    assert precision_problems(engine, "fp16") == ["no GEMM layer found among 1 layers",
+                                                  "1 layer(s) are opaque Myelin nodes, e.g. "
+                                                  "'{ForeignNode[/blocks.0/norm1/LayerNormalization.../head/Gemm]}'"]
+
+
+@pytest.mark.parametrize("info,match", [
+    ('{"Layers": ["fc1", "fc2"], "Bindings": []}', "layer names only"),  # built without DETAILED verbosity
+    ("{}", "listed no layers"), ("[]", "listed no layers"), ("not json", "not JSON"),
+])
+def test_unusable_inspector_output_is_one_sentence(info, match):
+    with pytest.raises(VitexportError, match=match):
+        parse_engine_information(info)
