@@ -128,7 +128,7 @@ def test_output_naming(tmp_path):
         assert precision_from_plan_name(plan) == p
     assert folder.plan_source("fp32") == tmp_path / "model.onnx"
     assert folder.plan_source("fp16") == tmp_path / "model.fp16.onnx"
-    assert folder.plan_source("int8") == tmp_path / "model.int8.onnx"
+    assert folder.plan_source("int8") == tmp_path / "model.int8.trt.onnx"  # the INT8 graph shaped for TensorRT
     assert precision_from_plan_name(Path("weird.plan")) is None
     with pytest.raises(VitexportError, match="Unknown precision"):
         folder.plan("fp8")
@@ -340,7 +340,7 @@ def test_run_trt_prepares_the_onnx_before_failing_without_tensorrt(tmp_path, mon
         compiler.run_trt(tmp_path, BuildOptions(precision="int8"), prepare_onnx=_fake_prepare(tmp_path, calls))
     assert e.value.exit_code == 4 and "pip install 'vitexport[trt]'" in str(e.value)
     assert calls == ["int8"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.int8.onnx"]  # the ONNX stays, no plan
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.int8.trt.onnx"]  # the ONNX stays, no plan
 
 
 def test_run_trt_validates_options_before_preparing(tmp_path):
