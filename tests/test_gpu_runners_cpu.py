@@ -200,3 +200,33 @@ def test_cpu_runners_keep_the_wall_clock():
             return staged
 
     assert Slow().load().timed_run(None) >= 2.0
+
+
+# -- ONNX Runtime IOBinding ---------------------------------------------------------------------------------------------
+
+def test_onnxruntime_iobinding_gives_the_plain_outputs(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from vitexport.backends.ort_backend import OrtRunner
+
+    x_info = helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 2, 2])
+    y_info = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3, 2, 2])
+    graph = helper.make_graph([helper.make_node("Relu", ["pixel_values"], ["logits"])], "g", [x_info], [y_info])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    x = np.random.default_rng(0).standard_normal((2, 3, 2, 2)).astype(np.float32)
+
+    with OrtRunner(Path(path), "fp32") as plain:
+        assert plain._io_device is None and plain.info["io_binding"] == "none"  # the CPU provider: unchanged
+        expected = plain.infer(x)
+        assert isinstance(plain.run(plain.stage(x)), np.ndarray)
+    with OrtRunner(Path(path), "fp32") as bound:
+        bound._io_device = "cpu"  # the CUDA/TensorRT providers' path, on the only device here
+        staged = bound.stage(x)
+        out = bound.run(staged)
+        assert not isinstance(out, np.ndarray)  # the binding: the output stays where it was bound
+        np.testing.assert_array_equal(bound.fetch(out), expected)
+        np.testing.assert_array_equal(bound.infer(x), np.maximum(x, 0))
+    assert OrtRunner(Path(path), "fp16", ep="cuda")._io_device == "cuda"
+    assert OrtRunner(Path(path), "fp16", ep="tensorrt")._io_device == "cuda"
