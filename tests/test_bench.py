@@ -82,7 +82,8 @@ def test_digits_bench_reports_real_accuracy(digits, report):
         p = r["parity"]
         assert p["passed"], (name, p["failures"])
         assert 0.95 <= p["acc"] <= 1.0
-        assert {lt["batch"] for lt in r["latency"]} == {1, 8}
+        # every row is timed at both batches, but the TensorRT-shaped graph on the CPU (accuracy only)
+        assert {lt["batch"] for lt in r["latency"]} == (set() if name.endswith("int8-trt") else {1, 8})
         for lt in r["latency"]:
             assert lt["iterations"] >= 2 and lt["mean_ms"] > 0 and lt["throughput"] > 0
             assert lt["p50_ms"] <= lt["p99_ms"]

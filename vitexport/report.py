@@ -101,6 +101,8 @@ def print_table(report: BenchReport, console=None) -> None:
             console.print(f"  [dim]{r.name}: unavailable: {escape(r.reason)}[/dim]")
         elif r.missed_parity and r.parity is not None:
             console.print(f"  [red]{r.name}: parity miss: {escape('; '.join(r.parity.failures))}[/red]")
+        if r.available and "not_timed" in r.info:
+            console.print(f"  [dim]{r.name}: parity only: {escape(r.info['not_timed'])}[/dim]")
     if report.model["random_weights"]:
         console.print("  [yellow]Random weights (no checkpoint): latency is real, accuracy is meaningless.[/yellow]")
     env = report.environment
@@ -123,6 +125,8 @@ def to_json(report: BenchReport) -> str:
 
 def to_markdown(report: BenchReport) -> str:
     m, env = report.model, report.environment
+    hints = [f"{r.name}: {r.info['inference_precision']}" for r in report.results
+             if r.available and "inference_precision" in r.info]
     lines = [
         f"# vitexport bench: {m['variant']} at {m['img_size'][0]}x{m['img_size'][1]}", "",
         f"- created: {report.created} (vitexport {report.vitexport_version}), wall time {report.wall_s:.0f} s",
@@ -132,6 +136,10 @@ def to_markdown(report: BenchReport) -> str:
         f"- reference: {report.reference}",
         f"- CPU: {env['cpu']}, {env['cores']} cores, {env['threads']} threads; GPU: "
         f"{env['gpu']['name'] if env['gpu'] else 'none'}",
+        f"- CPU features: {', '.join(env.get('cpu_flags') or []) or 'not read'}"
+        + (f"; OpenVINO's CPU plugin reports {', '.join(env['openvino_cpu_capabilities'])}"
+           if env.get("openvino_cpu_capabilities") else ""),
+        *(["- inference precision asked of OpenVINO: " + ", ".join(hints)] if hints else []),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v), "",
         "| backend | batch | mean ms | p50 ms | p90 ms | p99 ms | img/s | vs reference | max abs | cos min | "
         "top-1 agree | top-1 acc | parity |",

@@ -26,6 +26,7 @@ class Runner(ABC):
     device: str = "cpu"  # 'cpu' | 'cuda'
     provider: str = ""  # e.g. 'CPUExecutionProvider', 'eager', 'autocast-bf16'
     batch_range: tuple[int, int] | None = None  # (min, max) batch an engine accepts; None: any
+    timed: bool = True  # False: parity only (a graph shaped for another runtime, whose speed here means nothing)
 
     def __init__(self) -> None:
         self._loaded = False
