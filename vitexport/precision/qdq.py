@@ -122,61 +122,79 @@ def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, fl
     """Put Q/DQ on the inputs of the selected GEMMs of `model16` (the FP16 model, or an FP32 copy with
     scale_dtype float32), with weights and ranges taken from the FP32 model."""
     import onnx
-    from onnx import helper, numpy_helper
 
+    writer = _QDQWriter(fp32_model, model16.graph, amax, scale_dtype)
     fp32_nodes = {n.name: n for n in fp32_model.graph.node}
-    fp32_inits = {i.name: i for i in fp32_model.graph.initializer}
-    graph = model16.graph
-    inits16 = {i.name: i for i in graph.initializer}
-    consts16 = _constants(graph)
-    new_inits, new_nodes = [], {}  # new_nodes: consumer node name -> Q/DQ nodes to put before it
-    dq_of: dict[str, str] = {}  # FP16 activation tensor -> its DQ output (shared by every consumer)
-    for node in graph.node:
-        if node.name not in selection.nodes:
-            continue
-        src = fp32_nodes[node.name]
-        for k in range(min(2, len(node.input))):
-            t16, t32 = node.input[k], src.input[k]
-            if t32 in fp32_inits:  # a weight: stored as INT8 with a per-channel DequantizeLinear
-                w = numpy_helper.to_array(fp32_inits[t32])
-                axis = _weight_axis(node, w.shape)
-                q, scale = quantize_weight(w, axis, scale_dtype)
-                base = f"{t32}_int8"
-                new_inits += [numpy_helper.from_array(q, base), numpy_helper.from_array(scale, f"{base}_scale"),
-                              numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{base}_zero_point")]
-                out = f"{base}_dq"
-                new_nodes.setdefault(node.name, []).append(helper.make_node(
-                    "DequantizeLinear", [base, f"{base}_scale", f"{base}_zero_point"], [out], name=f"{base}/DQ",
-                    axis=axis))
-                node.input[k] = out
-                if t16 in inits16 and t16 not in _used_elsewhere(graph, t16, node):
-                    graph.initializer.remove(inits16.pop(t16))
-            elif t16 not in consts16:  # an activation: one shared Q/DQ pair, per-tensor scale
-                if t32 not in amax:
-                    raise VitexportError(f"No calibrated range for {t32!r} (input of {node.name}).")
-                if t16 not in dq_of:
-                    base = f"{t32}_act"
-                    new_inits += [numpy_helper.from_array(activation_scale(amax[t32], scale_dtype), f"{base}_scale"),
-                                  numpy_helper.from_array(np.zeros((), np.int8), f"{base}_zero_point")]
-                    dq_of[t16] = f"{base}_dq"
-                    new_nodes.setdefault(node.name, []).extend([
-                        helper.make_node("QuantizeLinear", [t16, f"{base}_scale", f"{base}_zero_point"],
-                                         [f"{base}_q"], name=f"{base}/Q"),
-                        helper.make_node("DequantizeLinear", [f"{base}_q", f"{base}_scale", f"{base}_zero_point"],
-                                         [dq_of[t16]], name=f"{base}/DQ")])
-                node.input[k] = dq_of[t16]
-    graph.initializer.extend(new_inits)
-    for extra in new_nodes.values():
-        graph.node.extend(extra)
-    topological_sort(graph)
+    for node in model16.graph.node:
+        if node.name in selection.nodes:
+            src = fp32_nodes[node.name]
+            for k in range(min(2, len(node.input))):
+                writer.quantize_input(node, k, src.input[k])
+    writer.finish()
+    topological_sort(model16.graph)
     if scale_dtype == np.float16:
         _set_opset(model16, TRT_INT8_OPSET)
-    del graph.value_info[:]  # stale after the rewiring; re-inferred below
+    del model16.graph.value_info[:]  # stale after the rewiring; re-inferred below
     return onnx.shape_inference.infer_shapes(model16)
 
 
-def _used_elsewhere(graph, name: str, node) -> set[str]:
-    return {name} if any(name in n.input for n in graph.node if n is not node) else set()
+class _QDQWriter:
+    """The Q/DQ nodes and initializers added to one graph; a tensor feeding several GEMMs gets one pair."""
+
+    def __init__(self, fp32_model, graph, amax: dict[str, float], scale_dtype) -> None:
+        self.fp32_inits = {i.name: i for i in fp32_model.graph.initializer}
+        self.graph, self.amax, self.dtype = graph, amax, scale_dtype
+        self.consts = _constants(graph)
+        self.inits, self.nodes = [], []
+        self.done: dict[tuple, str] = {}  # (tensor, axis) -> the DQ output that replaces it
+
+    def quantize_input(self, node, k: int, t32: str) -> None:
+        t16 = node.input[k]
+        if t32 in self.fp32_inits:  # a weight: stored as INT8 with a per-channel DequantizeLinear
+            node.input[k] = self._weight(node, t32)
+        elif t16 not in self.consts:  # an activation: per-tensor scale from calibration
+            if t32 not in self.amax:
+                raise VitexportError(f"No calibrated range for {t32!r} (input of {node.name}).")
+            node.input[k] = self._activation(t16, t32)
+
+    def _weight(self, node, t32: str) -> str:
+        from onnx import helper, numpy_helper
+
+        w = numpy_helper.to_array(self.fp32_inits[t32])
+        axis = _weight_axis(node, w.shape)
+        if (t32, axis) not in self.done:
+            q, scale = quantize_weight(w, axis, self.dtype)
+            base = f"{t32}_int8" if not any(t == t32 for t, _ in self.done) else f"{t32}_int8_axis{axis}"
+            self.inits += [numpy_helper.from_array(q, base), numpy_helper.from_array(scale, f"{base}_scale"),
+                           numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{base}_zero_point")]
+            self.nodes.append(helper.make_node("DequantizeLinear", [base, f"{base}_scale", f"{base}_zero_point"],
+                                               [f"{base}_dq"], name=f"{base}/DQ", axis=axis))
+            self.done[(t32, axis)] = f"{base}_dq"
+        return self.done[(t32, axis)]
+
+    def _activation(self, t16: str, t32: str) -> str:
+        from onnx import helper, numpy_helper
+
+        if (t16, None) not in self.done:
+            base = f"{t32}_act"
+            self.inits += [numpy_helper.from_array(activation_scale(self.amax[t32], self.dtype), f"{base}_scale"),
+                           numpy_helper.from_array(np.zeros((), np.int8), f"{base}_zero_point")]
+            self.nodes += [
+                helper.make_node("QuantizeLinear", [t16, f"{base}_scale", f"{base}_zero_point"], [f"{base}_q"],
+                                 name=f"{base}/Q"),
+                helper.make_node("DequantizeLinear", [f"{base}_q", f"{base}_scale", f"{base}_zero_point"],
+                                 [f"{base}_dq"], name=f"{base}/DQ")]
+            self.done[(t16, None)] = f"{base}_dq"
+        return self.done[(t16, None)]
+
+    def finish(self) -> None:
+        """Add the new nodes and initializers; drop float weights no node reads any more."""
+        self.graph.initializer.extend(self.inits)
+        self.graph.node.extend(self.nodes)
+        used = {i for n in self.graph.node for i in n.input} | {o.name for o in self.graph.output}
+        unused = [i for i in self.graph.initializer if i.name not in used]
+        for init in unused:
+            self.graph.initializer.remove(init)
 
 
 def _set_opset(model, version: int) -> None:
