@@ -25,6 +25,9 @@ import torch
 
 from .errors import VitexportError
 from .folder import sha256_file
+from .hub import origin
+from .labels import checkpoint_labels
+from .manifest import CheckpointRecord
 from .model import VisionTransformer
 from .posembed import resample_pos_embed
 
@@ -43,6 +46,14 @@ class Checkpoint:
     def num_classes(self) -> int:
         head = self.state_dict.get("head.weight")
         return int(head.shape[0]) if head is not None else 0
+
+    def record(self) -> CheckpointRecord:
+        """What the manifest keeps: the file, its bytes, and the hub repository and commit it came from."""
+        hub = origin(self.path)
+        if hub is None:
+            return CheckpointRecord(str(self.path.resolve()), self.sha256, self.format)
+        # inside the Hugging Face cache: the snapshot path (its config.json beside it), not the blob it links to
+        return CheckpointRecord(str(self.path.absolute()), self.sha256, self.format, repo=hub[0], revision=hub[1])
 
 
 # -- reading raw tensors -------------------------------------------------------------------------------------
@@ -280,6 +291,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             sd = convert_timm(raw)
     except KeyError as e:
         raise VitexportError(f"Checkpoint {weights} ({fmt} format) lacks tensor {e.args[0]!r}.") from None
+    if names := checkpoint_labels(config):
+        hints["labels"] = names  # class names, in head order
     return Checkpoint(sd, fmt, weights, sha256_file(weights), hints)
 
 

@@ -14,7 +14,7 @@ from .compare import export_thresholds
 from .environment import versions
 from .errors import VitexportError
 from .folder import ModelFolder, sha256_file
-from .manifest import BatchCheck, CheckpointRecord, ExportParity, Manifest
+from .manifest import BatchCheck, ExportParity, Manifest
 from .onnx_check import check_onnx_against_torch, require_parity
 from .onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_metadata, staged_onnx
 from .progress import QUIET, Log
@@ -47,7 +47,7 @@ def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int)
         num_classes=cfg.num_classes,
         config={k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.to_dict().items()},
         preprocess=built.preprocess,
-        checkpoint=None if ckpt is None else CheckpointRecord(str(ckpt.path.resolve()), ckpt.sha256, ckpt.format),
+        checkpoint=None if ckpt is None else ckpt.record(), labels=built.labels,
         seed=spec.seed if ckpt is None else None, pos_embed_interp=spec.pos_embed_interp, opset=opset,
         onnx=onnx_name, input_name=INPUT_NAME, output_name=OUTPUT_NAME,
         input_shape=["batch", cfg.in_chans, *cfg.img_size],

@@ -71,10 +71,33 @@ class CheckpointRecord:
     path: str  # absolute path of the weights file that was read
     sha256: str  # of that file: an export of other weights is another model
     format: str  # 'timm' | 'huggingface' | 'jax'
+    repo: str | None = None  # a Hugging Face hub repository (ORG/NAME) the file came from, through the cache
+    revision: str | None = None  # the commit hash of that repository the file was read at
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"path": self.path, "sha256": self.sha256, "format": self.format}
+        return d if self.repo is None else {**d, "repo": self.repo, "revision": self.revision}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "CheckpointRecord":
-        return cls(f.req("path", str), f.req("sha256", str), f.req("format", str))
+        return cls(f.req("path", str), f.req("sha256", str), f.req("format", str), f.opt("repo", str),
+                   f.opt("revision", str))
+
+
+@dataclass
+class LabelsRecord:
+    """Where the class names of the head come from (vitexport.labels)."""
+
+    source: str  # 'checkpoint' | 'imagenet-1k' | 'digits' | 'indices'
+    names: list[str] | None = None  # 'checkpoint': the names it carries; the others are looked up
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, **({} if self.names is None else {"names": list(self.names)})}
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "LabelsRecord":
+        names = f.opt("names", list)
+        return cls(f.req("source", str), None if names is None else [str(n) for n in names])
 
 
 @dataclass
@@ -219,6 +242,7 @@ class Manifest:
     onnx_sha256: str | None = None  # the FP32 ONNX's bytes: what derived files were made from
     onnx_bytes: int | None = None  # its size
     precisions: dict[str, PrecisionRecord] = field(default_factory=dict)  # converted ONNX files, by kind
+    labels: LabelsRecord | None = None  # where the class names come from; None: features, or an older export
     format: str = FORMAT  # the manifest format's name and version
     extra: dict[str, Any] = field(default_factory=dict)  # fields this version does not know, kept
 
@@ -227,13 +251,14 @@ class Manifest:
             "format": self.format, "variant": self.variant, "img_size": list(self.img_size),
             "patch_size": list(self.patch_size), "grid": list(self.grid), "num_classes": self.num_classes,
             "config": self.config, "preprocess": self.preprocess.to_dict(),
-            "checkpoint": None if self.checkpoint is None else vars(self.checkpoint).copy(),
+            "checkpoint": None if self.checkpoint is None else self.checkpoint.to_dict(),
             "seed": self.seed, "pos_embed_interp": self.pos_embed_interp, "opset": self.opset, "onnx": self.onnx,
             "input_name": self.input_name, "output_name": self.output_name, "input_shape": list(self.input_shape),
             "output_shape": list(self.output_shape), "versions": dict(self.versions),
             **({} if self.parity is None else {"parity": self.parity.to_dict()}),
             **({} if self.onnx_sha256 is None else {"onnx_sha256": self.onnx_sha256, "onnx_bytes": self.onnx_bytes}),
             "precisions": {k: r.to_dict() for k, r in self.precisions.items()},
+            **({} if self.labels is None else {"labels": self.labels.to_dict()}),
             **self.extra,
         }
 
@@ -245,6 +270,7 @@ class Manifest:
             raise VitexportError(f"{path} is a {fmt!r} manifest, which vitexport {__version__} cannot read (it "
                                  f"reads {', '.join(READABLE_FORMATS)}); upgrade vitexport or re-export the model.")
         ck, parity, precisions = f.sub("checkpoint"), f.sub("parity"), f.opt("precisions", dict, {})
+        labels = f.sub("labels")
         pp = f.req("preprocess", dict)
         try:
             preprocess = Preprocess.from_dict(pp)
@@ -263,7 +289,7 @@ class Manifest:
             onnx_sha256=f.opt("onnx_sha256", str), onnx_bytes=f.opt("onnx_bytes", int),
             precisions={k: PrecisionRecord.from_fields(_Fields(v, f"precisions.{k}", path))
                         for k, v in precisions.items()},
-            format=fmt, extra=f.rest(known),
+            labels=LabelsRecord.from_fields(labels) if labels else None, format=fmt, extra=f.rest(known),
         )
 
     def provenance(self) -> dict[str, Any]:

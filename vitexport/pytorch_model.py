@@ -7,7 +7,8 @@ from pathlib import Path
 
 from .checkpoints import Checkpoint, load_checkpoint, load_into
 from .errors import VitexportError
-from .manifest import Manifest
+from .labels import labels_record
+from .manifest import LabelsRecord, Manifest
 from .model import VisionTransformer, ViTConfig, build_model
 from .posembed import INTERPOLATIONS
 from .spec import ModelSpec
@@ -20,6 +21,7 @@ class BuiltModel:
     preprocess: Preprocess  # how images become its input
     checkpoint: Checkpoint | None  # the weights read; None: random
     notes: list[str] = field(default_factory=list)  # what the user should know (resized, dropped head, ...)
+    labels: LabelsRecord | None = None  # where its class names come from (None: it outputs features)
 
 
 def build(spec: ModelSpec) -> BuiltModel:
@@ -31,6 +33,7 @@ def build(spec: ModelSpec) -> BuiltModel:
     ckpt_path = spec.resolved_checkpoint()
     ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
     overrides = {k: ckpt.hints[k] for k in ("norm_eps", "qkv_bias") if ckpt is not None and k in ckpt.hints}
+    overrides.update(spec.overrides)
     num_classes = spec.num_classes
     if num_classes is None and ckpt is not None:
         num_classes = ckpt.num_classes  # follow the checkpoint's head (0: a feature extractor)
@@ -43,7 +46,8 @@ def build(spec: ModelSpec) -> BuiltModel:
     else:
         notes = [f"No checkpoint: deterministic random weights (seed {spec.seed}). Latency is real, "
                  "accuracy is meaningless."]
-    return BuiltModel(model.eval(), variant.preprocess(cfg.img_size), ckpt, notes)
+    labels = labels_record(cfg.num_classes, spec.variant, None if ckpt is None else ckpt.hints.get("labels"))
+    return BuiltModel(model.eval(), spec.preprocess_for(cfg.img_size), ckpt, notes, labels)
 
 
 def model_from_manifest(manifest: Manifest) -> VisionTransformer:
@@ -53,6 +57,10 @@ def model_from_manifest(manifest: Manifest) -> VisionTransformer:
     if ck is None:
         return build_model(cfg, seed=int(manifest.seed or 0))
     path = Path(ck.path)
+    if not path.exists() and ck.repo is not None:  # the Hugging Face cache was cleaned: fetch the same commit
+        from .hub import HubRef, fetch
+
+        path = fetch(HubRef(ck.repo, ck.revision)).weights
     if not path.exists():
         raise VitexportError(f"the checkpoint {path} named in the manifest is gone")
     ckpt = load_checkpoint(path)

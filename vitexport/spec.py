@@ -6,16 +6,16 @@ Plain data, no torch: the CLI turns its options into these objects before anythi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .compare import EXPORT_THRESHOLDS
 from .errors import VitexportError
 from .folder import ModelFolder, sha256_file
 from .paths import shipped_checkpoint
 from .posembed import DEFAULT_INTERPOLATION
-from .variants import DEFAULT_VARIANT, get_variant
+from .variants import DEFAULT_VARIANT, Preprocess, get_variant
 
 if TYPE_CHECKING:
     from .manifest import Manifest
@@ -25,20 +25,35 @@ if TYPE_CHECKING:
 @dataclass
 class ModelSpec:
     variant: str = DEFAULT_VARIANT  # a name from variants.VARIANTS
-    checkpoint: Path | None = None  # weights file or folder; None: shipped weights of the variant, else random
+    checkpoint: Path | str | None = None  # weights file or folder, or 'hf-hub:ORG/NAME[@REVISION]'; None: shipped
+    # weights of the variant, else random
     img_size: tuple[int, int] | None = None  # (H, W); None: the variant's
     num_classes: int | None = None  # None: the checkpoint's head, else the variant's; 0: features
     pos_embed_interp: str = DEFAULT_INTERPOLATION  # how to resize the position embedding (posembed.INTERPOLATIONS)
     seed: int = 0  # of the random weights, when there is no checkpoint
+    preprocess: Preprocess | None = None  # the checkpoint's own (a hub config's); None: the variant's
+    overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields the checkpoint's config sets
 
     def resolved_checkpoint(self) -> Path | None:
+        """The weights file or folder to read: a hub reference is fetched through the Hugging Face cache."""
+        from .hub import fetch, parse_ref
+
+        if (ref := parse_ref(self.checkpoint)) is not None:
+            return fetch(ref).weights
         if self.checkpoint is not None:
             return Path(self.checkpoint)
         return shipped_checkpoint(self.variant)  # the shipped trained digits model, or None
 
     def config(self) -> "ViTConfig":
         """The model config this spec gives, without reading weights (the checkpoint's class count aside)."""
-        return get_variant(self.variant).config(img_size=self.img_size, num_classes=self.num_classes)
+        return get_variant(self.variant).config(img_size=self.img_size, num_classes=self.num_classes,
+                                                **self.overrides)
+
+    def preprocess_for(self, img_size: tuple[int, int]) -> Preprocess:
+        """How images become inputs of `img_size`: the checkpoint's preprocessing when it has one, else the variant's."""
+        if self.preprocess is None:
+            return get_variant(self.variant).preprocess(img_size)
+        return replace(self.preprocess, input_size=tuple(img_size))
 
     def default_folder(self) -> ModelFolder:
         """models/<variant>-<H>x<W>: where this spec's export goes without --output."""
@@ -66,6 +81,32 @@ class ModelSpec:
         if self.pos_embed_interp != manifest.pos_embed_interp:
             diffs.append(f"its position embedding was resized with {manifest.pos_embed_interp}")
         return diffs
+
+
+def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **kw: Any) -> ModelSpec:
+    """A spec from what a user typed: `model` a variant or a timm tagged name (fetched from timm/<name> on the
+    hub), `checkpoint` a path or 'hf-hub:ORG/NAME[@REVISION]'. A hub config gives the variant (unless `model`
+    names one), the ViTConfig fields and the preprocessing; kw: the other ModelSpec fields."""
+    from .hub import describe, fetch, parse_ref, tagged_ref
+
+    ref = parse_ref(checkpoint)
+    if model is not None and (tagged := tagged_ref(model)) is not None:
+        if checkpoint is not None:
+            raise VitexportError(f"{model} names pretrained weights already; drop -c/--checkpoint, or give the "
+                                 f"untagged variant {model.partition('.')[0]} with it.")
+        ref, checkpoint, model = tagged, str(tagged), model.partition(".")[0]
+    if ref is None:
+        return ModelSpec(variant=model or DEFAULT_VARIANT, checkpoint=checkpoint, **kw)
+    hub = describe(fetch(ref))
+    variant = model or hub.variant
+    if variant is None:
+        raise VitexportError(f"{ref} holds {hub.architecture}, which is not one of vitexport's variants; pass "
+                             f"-m with the variant of the same shape, or see `vitexport onnx --help` for the list.")
+    get_variant(variant)
+    if kw.get("img_size") is None and hub.preprocess is not None \
+            and hub.preprocess.input_size != get_variant(variant).img_size:
+        kw["img_size"] = hub.preprocess.input_size  # the checkpoint's own size (timm's model_args img_size)
+    return ModelSpec(variant=variant, checkpoint=str(ref), preprocess=hub.preprocess, overrides=hub.overrides, **kw)
 
 
 DEFAULT_OPSET = 18

@@ -22,7 +22,7 @@ from ..errors import VitexportError
 from ..posembed import DEFAULT_INTERPOLATION, INTERPOLATIONS
 from ..precision.settings import CALIB_METHODS, DEFAULT_KEEP_FP32, DEFAULT_PERCENTILE, CalibOptions, Int8Settings
 from ..progress import Log
-from ..spec import ModelSpec
+from ..spec import user_spec
 from ..variants import DEFAULT_VARIANT, VARIANTS, parse_img_size
 
 
@@ -61,6 +61,28 @@ class ImgSize(click.ParamType):
             return parse_img_size(value)
         except VitexportError as e:
             self.fail(str(e), param, ctx)
+
+
+class ModelName(click.ParamType):
+    """A variant name, or timm's tagged name of one (vit_base_patch16_224.augreg2_in21k_ft_in1k)."""
+
+    name = "VARIANT[.TAG]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or str(value).partition(".")[0] in VARIANTS:
+            return value
+        self.fail(f"{value!r} is not one of {', '.join(VARIANTS)} (optionally with timm's .TAG).", param, ctx)
+
+
+class CheckpointRef(click.ParamType):
+    """A checkpoint path, or 'hf-hub:ORG/NAME[@REVISION]' kept as written."""
+
+    name = "PATH|hf-hub:ORG/NAME[@REV]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, Path) or str(value).startswith("hf-hub:"):
+            return value
+        return Path(value)
 
 
 @dataclass
@@ -114,11 +136,14 @@ TARGET = OptionGroup(
 MODEL = OptionGroup(
     "spec",
     lambda: [
-        opt("--model", "-m", "variant", default=DEFAULT_VARIANT, show_default=True, type=click.Choice(list(VARIANTS)),
-             help="Named ViT variant (timm's names)."),
-        opt("--checkpoint", "-c", type=click.Path(path_type=Path), default=None,
-             help="timm .pth/.safetensors, Hugging Face file or folder, or JAX .npz. "
-                  "Default: random weights (the digits model uses its shipped checkpoint)."),
+        opt("--model", "-m", "variant", default=None, type=ModelName(),
+             help=f"Named ViT variant (timm's names: {', '.join(VARIANTS)}), or timm's tagged name "
+                  f"(vit_base_patch16_224.augreg2_in21k_ft_in1k: its weights from timm/<name> on the Hugging Face "
+                  f"hub). Default: {DEFAULT_VARIANT}, or the -c hub checkpoint's."),
+        opt("--checkpoint", "-c", type=CheckpointRef(), default=None,
+             help="timm .pth/.safetensors, Hugging Face file or folder, JAX .npz, or hf-hub:ORG/NAME[@REVISION] "
+                  "(a timm or transformers repository, through the Hugging Face cache; HF_HUB_OFFLINE=1 works "
+                  "from the cache). Default: random weights (the digits model uses its shipped checkpoint)."),
         opt("--img-size", type=ImgSize(), default=None, metavar="N|HxW",
              help="Input size; the position embedding is resized to the new grid. Default: the variant's."),
         opt("--num-classes", type=click.IntRange(min=0), default=None,
@@ -126,9 +151,8 @@ MODEL = OptionGroup(
         opt("--pos-embed-interp", type=click.Choice(list(INTERPOLATIONS)), default=DEFAULT_INTERPOLATION,
              show_default=True, help="How to resize the position embedding."),
     ],
-    lambda variant, checkpoint, img_size, num_classes, pos_embed_interp: ModelSpec(
-        variant=variant, checkpoint=checkpoint, img_size=img_size, num_classes=num_classes,
-        pos_embed_interp=pos_embed_interp),
+    lambda variant, checkpoint, img_size, num_classes, pos_embed_interp: user_spec(
+        variant, checkpoint, img_size=img_size, num_classes=num_classes, pos_embed_interp=pos_embed_interp),
 )
 
 CALIB = OptionGroup(
