@@ -7,6 +7,7 @@ import click
 from .. import __version__
 from .bench_cmd import bench_command
 from .onnx_cmd import onnx_command
+from .predict_cmd import predict_command
 from .quantize_cmd import quantize_command
 from .trt_cmd import trt_command
 
@@ -21,6 +22,7 @@ cli.add_command(onnx_command)
 cli.add_command(quantize_command)
 cli.add_command(trt_command)
 cli.add_command(bench_command)
+cli.add_command(predict_command)
 
 
 def main() -> None:
