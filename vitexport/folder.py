@@ -235,3 +235,42 @@ class ModelFolder:
         manifest.precisions[kind] = record
         self.write_manifest(manifest)
         return manifest
+
+
+# -- a Triton Inference Server model: REPO/<name>/config.pbtxt, labels.txt, <version>/model.onnx | model.plan -----
+
+TRITON_CONFIG = "config.pbtxt"
+TRITON_LABELS = "labels.txt"  # one class name per line, in head order (config.pbtxt's label_filename)
+TRITON_MODEL_FILES = {"onnx": DEFAULT_ONNX_NAME, "plan": "model.plan"}  # Triton's default file name per format
+
+
+class TritonModelFolder:
+    """One model of a Triton model repository, laid out the way Triton reads it."""
+
+    def __init__(self, path: Path | str, version: int = 1) -> None:
+        self.path = Path(path)  # REPO/<name> (or a staging folder with the same layout)
+        self.version = version
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def config(self) -> Path:
+        return self.path / TRITON_CONFIG
+
+    @property
+    def labels(self) -> Path:
+        return self.path / TRITON_LABELS
+
+    @property
+    def version_dir(self) -> Path:
+        return self.path / str(self.version)
+
+    def model(self, fmt: str) -> Path:
+        """The model file of a format ('onnx' | 'plan') in the version folder."""
+        return self.version_dir / TRITON_MODEL_FILES[fmt]
+
+    def models(self) -> list[Path]:
+        """Model files present in any version folder."""
+        return sorted(p for name in TRITON_MODEL_FILES.values() for p in self.path.glob(f"*/{name}") if p.is_file())

@@ -9,6 +9,7 @@ from .bench_cmd import bench_command
 from .onnx_cmd import onnx_command
 from .predict_cmd import predict_command
 from .quantize_cmd import quantize_command
+from .triton_cmd import triton_command
 from .trt_cmd import trt_command
 
 
@@ -23,6 +24,7 @@ cli.add_command(quantize_command)
 cli.add_command(trt_command)
 cli.add_command(bench_command)
 cli.add_command(predict_command)
+cli.add_command(triton_command)
 
 
 def main() -> None:

@@ -1,0 +1,54 @@
+"""`vitexport triton [MODEL_DIR] -o REPO`: a Triton Inference Server model repository entry for one model file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .groups import MODEL, QUIET, TARGET, OptionGroup, opt, use
+
+
+def _options(precision, fmt, name, max_batch, instances, force):
+    from ..triton import TritonOptions
+
+    return TritonOptions(precision=precision, format=fmt, name=name, max_batch=max_batch, instances=instances,
+                         force=force)
+
+
+TRITON = OptionGroup(
+    "opts",
+    lambda: [
+        opt("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+            help="Which model file (made first when missing)."),
+        opt("--format", "fmt", type=click.Choice(["onnx", "plan"]), default="onnx", show_default=True,
+            help="onnx: Triton's onnxruntime_onnx backend; plan: a TensorRT plan (tensorrt_plan), built first "
+                 "when missing."),
+        opt("--name", default=None, help="Model name in the repository. Default: <variant>-<precision>[-plan]."),
+        opt("--max-batch", type=click.IntRange(min=1), default=None,
+            help="max_batch_size. Default: 32 for ONNX, the plan's profile maximum for a plan."),
+        opt("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+            help="Model instances per device (instance_group count)."),
+        opt("--force", is_flag=True, help="Replace REPO/NAME when it holds another model."),
+    ],
+    _options,
+)
+
+
+@click.command("triton")
+@click.option("--output", "-o", "repo", type=click.Path(path_type=Path), required=True,
+              help="The Triton model repository (created when missing); the model goes to REPO/NAME.")
+@use(TARGET, TRITON, MODEL, QUIET)
+def triton_command(repo, target, opts, spec, log):
+    """Write REPO/NAME/config.pbtxt, REPO/NAME/1/model.onnx (or model.plan) and labels.txt for Triton.
+
+    Inputs, outputs, data types and dims are read from the model file; dynamic batching is on. MODEL_DIR is
+    an exported model folder; without it, the folder of --model is used, exported first if absent.
+    """
+    from ..ensure import open_model
+    from ..triton import serve_instructions, write_triton
+
+    folder = open_model(target, spec, log=log)
+    result = write_triton(folder, repo, opts, log=log)
+    click.echo(f"Triton model: {result.folder.path} ({result.platform}, max_batch_size {result.max_batch_size})")
+    click.echo(serve_instructions(result, folder))
