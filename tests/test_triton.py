@@ -9,7 +9,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from conftest import fails_cleanly
+from conftest import ROOT, fails_cleanly
 from vitexport.cli import cli
 from vitexport.export import run_export
 from vitexport.folder import ModelFolder, TritonModelFolder, onnx_digest
@@ -21,7 +21,9 @@ from vitexport.tensorrt_engine.sidecar import make_sidecar, write_sidecar
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 from google.protobuf import text_format  # noqa: E402  (protobuf comes with onnx)
 
-ONNX_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16"}
+ONNX_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",
+              onnx.TensorProto.UINT8: "TYPE_UINT8"}
+HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +128,33 @@ def test_another_model_needs_force(digits, tiny_default, tmp_path):
     assert list(cfg.output[0].dims) == [1000]
     assert (repo / "m" / "labels.txt").read_text().splitlines()[0].startswith("tench")
     assert sorted(p.name for p in repo.iterdir()) == ["m"]
+
+
+def test_uint8_input_normalises_inside_the_graph(digits, tmp_path):
+    """Raw pixels into the uint8 graph give the logits the float graph gives on vitexport's preprocessing."""
+    import onnxruntime as ort
+    from PIL import Image
+
+    from vitexport.data import load_image, resize_and_crop
+
+    repo = tmp_path / "repo"
+    r = CliRunner().invoke(cli, ["triton", "-q", str(digits.path), "-o", str(repo), "--uint8-input"])
+    assert r.exit_code == 0, r.output
+    model = TritonModelFolder(repo / "vit_digits_patch4_32-fp32-uint8")
+    cfg = parse(model)
+    assert model_config_pb2.DataType.Name(cfg.input[0].data_type) == "TYPE_UINT8"
+    assert_agrees_with_onnx(cfg, model.model("onnx"))
+    pp = digits.read_manifest().preprocess
+    files = sorted(HELDOUT.rglob("*.png"))[::40]
+    pixels = np.stack([np.asarray(resize_and_crop(Image.open(f), pp)).transpose(2, 0, 1) for f in files])
+    floats = np.stack([load_image(f, pp) for f in files])
+    assert pixels.dtype == np.uint8
+    raw = ort.InferenceSession(str(model.model("onnx")), providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(str(digits.onnx()), providers=["CPUExecutionProvider"])
+    got, want = raw.run(None, {"pixel_values": pixels})[0], ref.run(None, {"pixel_values": floats})[0]
+    assert np.abs(got - want).max() < 1e-4 and (got.argmax(1) == want.argmax(1)).all()
+    r = CliRunner().invoke(cli, ["triton", str(digits.path), "-o", str(repo), "--uint8-input", "--format", "plan"])
+    fails_cleanly(r, "--uint8-input is for --format onnx")
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -38,6 +38,14 @@ def to_8bit(img):
 
 def preprocess_image(img, pp: Preprocess) -> np.ndarray:
     """A PIL image -> (3, H, W) float32, normalised."""
+    x = np.asarray(resize_and_crop(img, pp), dtype=np.float32) / 255.0  # (H, W, 3)
+    x = (x - np.asarray(pp.mean, dtype=np.float32)) / np.asarray(pp.std, dtype=np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))  # (3, H, W)
+
+
+def resize_and_crop(img, pp: Preprocess):
+    """A PIL image -> the RGB image of pp.input_size the model sees, before scaling and normalisation: upright,
+    8-bit, resized and center-cropped (what a client sends to a graph that normalises its uint8 input itself)."""
     from PIL import Image, ImageOps
 
     img = ImageOps.exif_transpose(img) or img  # a photo taken upright is fed upright, as torchvision users expect
@@ -68,10 +76,7 @@ def preprocess_image(img, pp: Preprocess) -> np.ndarray:
     if (nw, nh) != (w, h):
         img = img.resize((nw, nh), resample=resample)
     top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
-    img = img.crop((left, top, left + tw, top + th))
-    x = np.asarray(img, dtype=np.float32) / 255.0  # (H, W, 3)
-    x = (x - np.asarray(pp.mean, dtype=np.float32)) / np.asarray(pp.std, dtype=np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1))  # (3, H, W)
+    return img.crop((left, top, left + tw, top + th))
 
 
 def load_image(path: Path, pp: Preprocess) -> np.ndarray:

@@ -5,6 +5,9 @@
     REPO/NAME/1/model.onnx     the ONNX of the precision (onnxruntime_onnx) ...
     REPO/NAME/1/model.plan     ... or its TensorRT plan (tensorrt_plan)
 
+With `uint8_input`, the ONNX takes uint8 pixels (B, 3, H, W), already resized and center-cropped
+(data.resize_and_crop), and normalises them inside the graph, so clients need not know the mean and std.
+
 Names, data types and dims come from the model file: the ONNX graph itself, or for a plan the ONNX it was built
 from (a strongly typed build keeps its interface) named by the plan's sidecar, whose profile gives the largest
 batch. The entry is written in a staging folder and renamed into place, so Triton never sees half of it.
@@ -22,6 +25,7 @@ from .errors import VitexportError
 from .folder import TRITON_LABELS, ModelFolder, TritonModelFolder, external_data_of, onnx_digest, sha256_file
 from .labels import class_names
 from .progress import QUIET, Log
+from .variants import Preprocess
 
 FORMATS = {"onnx": "onnxruntime_onnx", "plan": "tensorrt_plan"}  # --format -> Triton's platform
 DEFAULT_MAX_BATCH = 32  # for an ONNX with a symbolic batch axis (a plan's comes from its profile)
@@ -39,6 +43,7 @@ class TritonOptions:
     max_batch: int | None = None  # None: 32 for an ONNX, the profile's largest batch for a plan
     instances: int = 1  # model instances per device (instance_group count)
     force: bool = False  # replace REPO/NAME when it holds another model
+    uint8_input: bool = False  # ONNX only: uint8 pixels in, the normalisation inside the graph
 
 
 @dataclass
@@ -106,6 +111,38 @@ def render_config(name: str, platform: str, max_batch_size: int, inputs: list[Te
     return "\n".join(lines) + "\n"
 
 
+def pixel_input_graph(src: Path, dst: Path, pp: Preprocess) -> None:
+    """Write the graph of `src` behind a uint8 input of the same name and shape: Cast, then x / (255 std) - mean / std,
+    which is data.preprocess_image's (x / 255 - mean) / std."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(src))  # external data too: the file written holds the whole model
+    graph = model.graph
+    old = graph.input[0]
+    name, elem = old.name, old.type.tensor_type.elem_type
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    for node in graph.node:
+        node.input[:] = [f"{name}_normalised" if x == name else x for x in node.input]
+    mean, std = (np.asarray(v, np.float64).reshape(1, 3, 1, 1) for v in (pp.mean, pp.std))
+    graph.initializer.extend([numpy_helper.from_array((1.0 / (255.0 * std)).astype(dtype), f"{name}_scale"),
+                              numpy_helper.from_array((mean / std).astype(dtype), f"{name}_shift")])
+    steps = [helper.make_node("Cast", [name], [f"{name}_float"], to=elem, name="pixels_cast"),
+             helper.make_node("Mul", [f"{name}_float", f"{name}_scale"], [f"{name}_scaled"], name="pixels_scale"),
+             helper.make_node("Sub", [f"{name}_scaled", f"{name}_shift"], [f"{name}_normalised"], name="pixels_shift")]
+    nodes = steps + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    shape = [d.dim_param or d.dim_value for d in old.type.tensor_type.shape.dim]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.UINT8, shape)] + list(graph.input)[1:]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    external = external_data_of(src).is_file()
+    onnx.save(model, str(dst), save_as_external_data=external, all_tensors_to_one_file=True,
+              location=external_data_of(dst).name)
+
+
 # -- which file --------------------------------------------------------------------------------------------------
 
 def _onnx_source(folder: ModelFolder, opts: TritonOptions, log: Log) -> tuple[Path, Path, int | None]:
@@ -165,15 +202,19 @@ def _check_existing(target: TritonModelFolder, model_sha: str, force: bool) -> N
                          f"write this one beside it.")
 
 
-def _stage(staging: TritonModelFolder, fmt: str, model: Path, config: str, labels: list[str]) -> None:
+def _stage_model(staging: TritonModelFolder, opts: TritonOptions, model: Path, pp: Preprocess) -> Path:
+    """The model file in the staging folder: a copy (an ONNX keeps its external data's name beside it), or the
+    graph behind a uint8 input."""
     staging.version_dir.mkdir(parents=True)
-    shutil.copyfile(model, staging.model(fmt))
+    staged = staging.model(opts.format)
+    if opts.uint8_input:
+        pixel_input_graph(model, staged, pp)
+        return staged
+    shutil.copyfile(model, staged)
     data = external_data_of(model)
-    if fmt == "onnx" and data.is_file():  # the graph names its weights file: it keeps that name beside it
+    if opts.format == "onnx" and data.is_file():
         shutil.copyfile(data, staging.version_dir / data.name)
-    if labels:
-        staging.labels.write_text("\n".join(labels) + "\n")
-    staging.config.write_text(config)
+    return staged
 
 
 def _swap_in(staging: Path, target: Path) -> None:
@@ -199,27 +240,32 @@ def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log
         raise VitexportError(f"Unknown format {opts.format!r}; choose one of: {', '.join(FORMATS)}.")
     if opts.instances < 1 or (opts.max_batch is not None and opts.max_batch < 1):
         raise VitexportError("--instances and --max-batch must be at least 1.")
+    if opts.uint8_input and opts.format != "onnx":
+        raise VitexportError("--uint8-input is for --format onnx; a plan's input is the one it was built with.")
     manifest = folder.read_manifest()
     repo = Path(repo)
-    name = _check_name(opts.name or f"{manifest.variant}-{opts.precision}" + ("-plan" if opts.format == "plan" else ""))
+    name = _check_name(opts.name or f"{manifest.variant}-{opts.precision}" + ("-plan" if opts.format == "plan" else "")
+                       + ("-uint8" if opts.uint8_input else ""))
     target = TritonModelFolder(repo / name)
     if repo.exists() and not repo.is_dir():
         raise VitexportError(f"{repo} exists and is not a folder.")
     model, describing, plan_max = (_plan_source if opts.format == "plan" else _onnx_source)(folder, opts, log)
-    _check_existing(target, sha256_file(model), opts.force)
-    inputs, outputs, batched = graph_io(describing)
-    if not batched:
-        max_batch = 0  # the graph has a fixed batch axis: Triton passes whole tensors through
-    else:
-        max_batch = opts.max_batch or plan_max or DEFAULT_MAX_BATCH
-    labels = class_names(manifest)
-    label_output = next((o.name for o in outputs if batched and o.dims == [len(labels)]), None) if labels else None
-    kind = "KIND_GPU" if opts.format == "plan" else "KIND_AUTO"
-    config = render_config(name, FORMATS[opts.format], max_batch, inputs, outputs, opts.instances, kind, label_output)
     repo.mkdir(parents=True, exist_ok=True)
     staging = TritonModelFolder(tempfile.mkdtemp(prefix=f".{name}.", suffix=".staging", dir=repo))
     try:
-        _stage(staging, opts.format, model, config, labels if label_output else [])
+        staged = _stage_model(staging, opts, model, manifest.preprocess)
+        _check_existing(target, sha256_file(staged), opts.force)
+        inputs, outputs, batched = graph_io(staged if opts.format == "onnx" else describing)
+        # a graph with a fixed batch axis gets max_batch_size 0: Triton passes whole tensors through
+        max_batch = (opts.max_batch or plan_max or DEFAULT_MAX_BATCH) if batched else 0
+        labels = class_names(manifest)
+        label_output = next((o.name for o in outputs if batched and o.dims == [len(labels)]), None)
+        kind = "KIND_GPU" if opts.format == "plan" else "KIND_AUTO"
+        config = render_config(name, FORMATS[opts.format], max_batch, inputs, outputs, opts.instances, kind,
+                               label_output if labels else None)
+        if labels and label_output:
+            staging.labels.write_text("\n".join(labels) + "\n")
+        staging.config.write_text(config)
         _swap_in(staging.path, target.path)
     finally:
         shutil.rmtree(staging.path, ignore_errors=True)
@@ -231,6 +277,8 @@ def serve_instructions(result: TritonModel, folder: ModelFolder) -> str:
     """How to start Triton on the repository, and one request that classifies an image with this model."""
     repo = result.folder.path.parent.resolve()
     inp, out = result.inputs[0], result.outputs[0]
+    pixels = ('x = np.asarray(resize_and_crop(Image.open("IMAGE.jpg"), pp)).transpose(2, 0, 1)[None].copy()  # uint8'
+              if inp.data_type == "TYPE_UINT8" else 'x = load_image("IMAGE.jpg", pp)[None]  # normalised float32')
     note = ("; the plan runs only on the TensorRT version that built it, so pick the release that ships that "
             "TensorRT" if result.platform == "tensorrt_plan" else "; leave out --gpus all to serve on the CPU")
     return f"""Start Triton on the repository (NGC container; YY.MM: a tritonserver release{note}):
@@ -238,10 +286,12 @@ def serve_instructions(result: TritonModel, folder: ModelFolder) -> str:
       nvcr.io/nvidia/tritonserver:YY.MM-py3 tritonserver --model-repository=/models
 Ask it about one image (pip install tritonclient[http]; the preprocessing is the model's own):
   python - <<'EOF'
-  import tritonclient.http as tc
-  from vitexport.data import load_image
+  import numpy as np, tritonclient.http as tc
+  from PIL import Image
+  from vitexport.data import load_image, resize_and_crop
   from vitexport.manifest import read_manifest
-  x = load_image("IMAGE.jpg", read_manifest("{folder.manifest_path.resolve()}").preprocess)[None]
+  pp = read_manifest("{folder.manifest_path.resolve()}").preprocess
+  {pixels}
   client = tc.InferenceServerClient("localhost:8000")
   pixels = tc.InferInput("{inp.name}", list(x.shape), "{inp.data_type.removeprefix('TYPE_')}")
   pixels.set_data_from_numpy(x)

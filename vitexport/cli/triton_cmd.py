@@ -9,11 +9,11 @@ import click
 from .groups import MODEL, QUIET, TARGET, OptionGroup, opt, use
 
 
-def _options(precision, fmt, name, max_batch, instances, force):
+def _options(precision, fmt, name, max_batch, instances, force, uint8_input):
     from ..triton import TritonOptions
 
     return TritonOptions(precision=precision, format=fmt, name=name, max_batch=max_batch, instances=instances,
-                         force=force)
+                         force=force, uint8_input=uint8_input)
 
 
 TRITON = OptionGroup(
@@ -30,6 +30,9 @@ TRITON = OptionGroup(
         opt("--instances", type=click.IntRange(min=1), default=1, show_default=True,
             help="Model instances per device (instance_group count)."),
         opt("--force", is_flag=True, help="Replace REPO/NAME when it holds another model."),
+        opt("--uint8-input", is_flag=True,
+            help="ONNX only: the input is uint8 pixels (B, 3, H, W), resized and center-cropped; the mean/std "
+                 "normalisation runs inside the graph, so clients need not know it."),
     ],
     _options,
 )
