@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from vitexport.backends.ort_session import create_session
 from vitexport.cli import cli
-from vitexport.folder import ModelFolder
+from vitexport.folder import LOCK_NAME, ModelFolder
 from vitexport.pytorch_model import model_from_manifest
 
 from conftest import fails_cleanly
@@ -122,7 +122,7 @@ def test_failed_parity_keeps_previous_model(in_tmp, monkeypatch):
     r = CliRunner().invoke(cli, ["onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-q"])
     assert r.exit_code == 1 and "disagree" in r.output
     assert path.read_bytes() == before
-    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary left behind
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]  # no temporary
 
 
 def test_other_checkpoint_needs_force(in_tmp):
@@ -156,7 +156,7 @@ def test_large_models_use_external_data(in_tmp, monkeypatch):
     with torch.no_grad():
         ref = model_from_manifest(ModelFolder(folder).read_manifest())(torch.from_numpy(x)).numpy()
     assert np.abs(sess.run(None, {"pixel_values": x})[0] - ref).max() < 1e-4
-    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]
 
 
 def test_export_under_another_name_needs_force(tiny_default, monkeypatch):

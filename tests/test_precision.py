@@ -13,7 +13,7 @@ from vitexport.backends.ort_session import create_session
 from vitexport.cli import cli
 from vitexport.data import load_folder
 from vitexport.export import run_export
-from vitexport.folder import ModelFolder
+from vitexport.folder import LOCK_NAME, ModelFolder
 from vitexport.precision import CalibOptions, Int8Settings
 from vitexport.precision.prepare import run_quantize
 from vitexport.spec import ModelSpec
@@ -244,7 +244,8 @@ def test_interrupted_calibration_leaves_nothing_and_next_run_works(digits, tmp_p
     monkeypatch.setattr(int8, "calibrate", interrupted)
     r = CliRunner().invoke(cli, ["quantize", "--int8", str(folder), "--no-check"])
     assert r.exit_code == 130 and "Interrupted" in r.output and "Traceback" not in r.output
-    leftovers = [p.name for p in folder.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
+    leftovers = [p.name for p in folder.rglob("*") if (p.name.startswith(".") and p.name != LOCK_NAME)
+                 or p.suffix == ".tmp"]
     assert not leftovers and not (folder / "model.int8.onnx").exists()
     assert not list((folder / "calib-cache").glob("*.json")) if (folder / "calib-cache").exists() else True
     monkeypatch.setattr(int8, "calibrate", real)

@@ -33,6 +33,8 @@ CALIB_CACHE_DIR = "calib-cache"
 EXTERNAL_DATA_SUFFIX = ".data"  # model.onnx -> model.onnx.data
 SIDECAR_SUFFIX = ".json"  # model.fp16.plan -> model.fp16.plan.json
 REJECTED_SUFFIX = ".rejected.onnx"  # model.fp16.onnx -> model.fp16.rejected.onnx
+LOCK_NAME = ".vitexport.lock"  # the writers' lock (vitexport.workspace); stays in place between runs
+OWNER_NAME = ".vitexport.owner"  # who holds that lock (pid, command), for the message of a run that waits
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,12 @@ class ModelFolder:
         """The FP32 ONNX's file name: given, else the manifest's, else model.onnx."""
         if self._onnx_name is not None:
             return self._onnx_name
-        return self.read_manifest().onnx if self.has_manifest() else DEFAULT_ONNX_NAME
+        if self.has_manifest():
+            try:
+                return self.read_manifest().onnx
+            except VitexportError:  # unreadable: whoever reads the manifest itself says so; the export replaces it
+                pass
+        return DEFAULT_ONNX_NAME
 
     def onnx(self, kind: str = "fp32") -> Path:
         """The ONNX file of an artifact kind ('fp32', 'fp16', 'int8', 'int8-trt')."""
@@ -212,6 +219,22 @@ class ModelFolder:
         onnx = [self.onnx(k) for k in ARTIFACTS if k != "fp32"]
         plans = [p for prec in PLAN_PRECISIONS for p in (self.plan(prec), self.sidecar(prec))]
         return onnx + plans
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path / LOCK_NAME
+
+    @property
+    def owner_path(self) -> Path:
+        return self.path / OWNER_NAME
+
+    def own_names(self) -> set[str]:
+        """Every file name this folder's steps write: a hidden '.<name>.*' beside them is one of their temporaries."""
+        onnx_names = {self.onnx_name, DEFAULT_ONNX_NAME}
+        names = {MANIFEST_NAME, *onnx_names, *(n + EXTERNAL_DATA_SUFFIX for n in onnx_names)}
+        names |= {k.filename for k in ARTIFACTS.values()} | {self.rejected(k).name for k in ARTIFACTS if k != "fp32"}
+        names |= {p.name for prec in PLAN_PRECISIONS for p in (self.plan(prec), self.sidecar(prec))}
+        return names
 
     def artifacts(self, plan_order: tuple[str, ...] = PLAN_PRECISIONS) -> list[Path]:
         """The ONNX files and plans that exist, in table order."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from contextlib import contextmanager
@@ -52,12 +53,51 @@ def default_heldout_dir(variant: str) -> Path:
     return shipped(*(DIGITS_HELDOUT if variant == DIGITS_VARIANT else PHOTOS_HOLDOUT))
 
 
+STAGING_MARK = "vx"  # hidden staging names carry '.vx<pid>-': a later run can tell a dead writer's leftovers
+# errors of writing a file that say nothing about the program: the file system's limits and permissions
+_WRITE_ERRNOS = {errno.EFBIG: "the file-size limit of this process (ulimit -f) was reached",
+                 errno.ENOSPC: "no space is left on the device", errno.EDQUOT: "the disk quota is exceeded",
+                 errno.EROFS: "the file system is read-only",
+                 errno.EACCES: "permission denied (is the folder read-only or immutable?)",
+                 errno.EPERM: "the operation is not permitted (is the folder immutable?)"}
+
+
+def staging_prefix(name: str) -> str:
+    """'.model.onnx.vx<pid>-': how this process names its temporaries for `name` (see workspace.find_debris)."""
+    return f".{name}.{STAGING_MARK}{os.getpid()}-"
+
+
+def write_reason(e: OSError) -> str:
+    """Why a write failed, in words (no file name: the caller names the file the user knows)."""
+    return _WRITE_ERRNOS.get(e.errno or 0) or (e.strerror or str(e)).rstrip(".")
+
+
+def write_error(final: Path, e: OSError) -> "VitexportError":
+    """One sentence about a failed write that names the file the user asked for, not a hidden temporary."""
+    from .errors import VitexportError
+
+    return VitexportError(f"Could not write {final}: {write_reason(e)}.")
+
+
+def _is_write_failure(e: OSError, paths: tuple[Path, ...]) -> bool:
+    named = e.filename is not None and os.fspath(e.filename) in {os.fspath(p) for p in paths}
+    return named or (e.errno in _WRITE_ERRNOS and e.errno not in (errno.EACCES, errno.EPERM) and e.filename is None)
+
+
 @contextmanager
 def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
-    """Yield a temporary path beside `final`; rename it into place only if the block succeeds."""
+    """Yield a temporary path beside `final`; rename it into place only if the block succeeds.
+
+    The temporary's name is unique to this process and says whose it is (staging_prefix). A write that fails
+    for a reason of the file system (full disk, file-size limit, read-only or immutable folder) is one
+    sentence naming `final`.
+    """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=suffix or ".tmp", dir=final.parent)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=staging_prefix(final.name), suffix=suffix or ".tmp", dir=final.parent)
+    except OSError as e:
+        raise write_error(final, e) from None
     os.close(fd)
     tmp_path = Path(tmp)
     umask = os.umask(0)
@@ -66,6 +106,10 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
     try:
         yield tmp_path
         os.replace(tmp_path, final)
+    except OSError as e:
+        if _is_write_failure(e, (tmp_path, final)):
+            raise write_error(final, e) from e
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
