@@ -52,7 +52,8 @@ def _manifest_json() -> dict:
     return {
         "format": "vitexport-manifest/1", "variant": "vit_digits_patch4_32", "img_size": [32, 32],
         "patch_size": [4, 4], "grid": [8, 8], "num_classes": 10,
-        "config": {"img_size": [32, 32], "patch_size": [4, 4], "num_classes": 10, "embed_dim": 64, "depth": 4},
+        "config": {"img_size": [32, 32], "patch_size": [4, 4], "in_chans": 3, "num_classes": 10, "embed_dim": 64,
+                   "depth": 4, "num_heads": 4, "mlp_ratio": 2.0},
         "preprocess": {"input_size": [32, 32], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "crop_pct": 1.0,
                        "interpolation": "bilinear"},
         "checkpoint": {"path": "/abs/vit.safetensors", "sha256": "ab" * 32, "format": "timm"},

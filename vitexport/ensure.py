@@ -21,10 +21,13 @@ from .folder import MANIFEST_NAME, PLAN_SOURCE, ModelFolder, artifact_kind
 from .precision.convert import graph_precision
 from .precision.prepare import PrecisionResult, run_quantize, stale_reason
 from .precision.settings import CalibOptions
+from .preflight import check_op_types
 from .progress import QUIET, Log
 from .spec import ModelSpec
 from .tensorrt_engine.compiler import BuildFn, TrtResult, run_trt
 from .tensorrt_engine.options import BuildOptions
+from .verify import require
+from .workspace import reading, writing
 
 Target = Union[Path, str, ModelFolder, None]
 Maker = Callable[[ModelFolder, str, Union[CalibOptions, None], Log], PrecisionResult]
@@ -47,10 +50,26 @@ class Artifact:
     precision: PrecisionResult | None = None  # when this call converted
 
 
-def open_model(target: Target, spec: ModelSpec | None = None, *, export: bool = True,
+def open_model(target: Target, spec: ModelSpec | None = None, *, export: bool = True, verify: bool = True,
                log: Log = QUIET) -> ModelFolder:
-    """The model folder a user named (checked), or the default folder of `spec`, exported first when absent."""
-    return _open(target, spec, export, log)[0]
+    """The model folder a user named (checked), or the default folder of `spec`, exported first when absent.
+
+    verify: its FP32 export must be the bytes its manifest records (one sentence otherwise); bench passes False
+    to report a wrong file in its table instead.
+    """
+    folder = _open(target, spec, export, log)[0]
+    if verify:
+        with reading(folder, log):  # not halfway through another run's export
+            require(folder, "fp32")
+    return folder
+
+
+def use_artifact(target: Target, kind: str, *, spec: ModelSpec | None = None, log: Log = QUIET) -> Path:
+    """An artifact that exists and verifies, for a command that only reads it (predict, triton, ...): never made
+    here; one sentence saying what is wrong and what to run otherwise. kind: an ARTIFACTS kind or 'plan:<p>'."""
+    folder = open_model(target, spec, export=False, log=log)
+    with reading(folder, log):
+        return require(folder, kind)
 
 
 def ensure_artifact(target: Target, kind: str, *, spec: ModelSpec | None = None, calib: CalibOptions | None = None,
@@ -68,18 +87,26 @@ def ensure_artifact(target: Target, kind: str, *, spec: ModelSpec | None = None,
         result = run_export(spec or ModelSpec(), output=output, opts=export_opts, log=log)
         return Artifact("fp32", result.onnx_path, result.folder, True, export=result)
     folder, exported = _open(target, spec, export, log)
-    if kind == "fp32":
-        return Artifact("fp32", folder.onnx(), folder, exported is not None, export=exported)
     maker = MAKERS.get(kind)
-    if maker is None:
+    if maker is None and kind != "fp32":
         raise VitexportError(f"No step makes {folder.onnx(kind).name} yet.")
-    if not fresh:
-        reason = stale_reason(folder, kind, calib)
-        if reason is None:
+    with reading(folder, log):  # a file being written by another run is waited for, never read half-made
+        require(folder, "fp32")  # nothing is made from, or handed out as, an FP32 file its manifest does not describe
+        reason = None if kind == "fp32" else "" if fresh else stale_reason(folder, kind, calib)
+    if reason is None:
+        if kind != "fp32":
             log.info(f"Using the existing {folder.onnx(kind).name}.")
+        return Artifact(kind, folder.onnx(kind), folder, kind == "fp32" and exported is not None, export=exported)
+    with writing(folder, log):  # one writer per folder: the lock is held from the last check to the record
+        require(folder, "fp32")
+        if not fresh and (reason := stale_reason(folder, kind, calib)) is None:  # made meanwhile by another run
+            log.info(f"Using the existing {folder.onnx(kind).name}, just made by another run.")
             return Artifact(kind, folder.onnx(kind), folder, False, export=exported)
-        log.info(reason)
-    result = maker(folder, kind, calib, log)
+        if reason:
+            log.info(reason)
+        if calib is not None and artifact_kind(kind).precision == "fp16":
+            check_op_types(tuple(calib.keep_fp32), folder.onnx(), "--keep-fp32", log)
+        result = maker(folder, kind, calib, log)
     return Artifact(kind, result.onnx_path, folder, True, export=exported, precision=result)
 
 
@@ -100,7 +127,8 @@ def build_plan(target: Target, opts: BuildOptions, *, spec: ModelSpec | None = N
             on_source(precision, path)
         return path
 
-    return run_trt(folder, opts, log, prepare_onnx=source, build=build)
+    with writing(folder, log):
+        return run_trt(folder, opts, log, prepare_onnx=source, build=build)
 
 
 # -- opening a folder ----------------------------------------------------------------------------------------

@@ -17,9 +17,11 @@ from .folder import ModelFolder, sha256_file
 from .manifest import BatchCheck, ExportParity, Manifest
 from .onnx_check import check_onnx_against_torch, require_parity
 from .onnx_export import INPUT_NAME, OUTPUT_NAME, onnx_metadata, staged_onnx
+from .preflight import check_export, check_opset
 from .progress import QUIET, Log
 from .pytorch_model import BuiltModel, build
 from .spec import ExportOptions, ModelSpec
+from .workspace import writing
 
 @dataclass
 class ExportResult:
@@ -65,12 +67,19 @@ def _target(spec: ModelSpec, output: Path | None, built: BuiltModel) -> ModelFol
 
 
 def _previous(folder: ModelFolder, manifest: Manifest, force: bool) -> Manifest | None:
-    """The manifest of the export already in the folder (None if unreadable); refuses another model without force."""
+    """The manifest of the export already in the folder (None if unreadable); refuses another model without force,
+    and a folder whose manifest cannot be read (so nobody can tell what it holds) too."""
     if not folder.has_manifest():
         return None
     try:
         previous = folder.read_manifest()
-    except VitexportError:
+    except VitexportError as e:
+        held = [p for p in [folder.onnx(), *folder.derived_files()] if p.exists()]
+        if held and not force:
+            why = str(e).split(";")[0].rstrip(".")
+            raise VitexportError(f"{folder.path} holds {held[0].name}, but its manifest cannot be read ({why}), so "
+                                 f"nothing says which model it is; pass --force to replace it, or --output to write "
+                                 f"elsewhere.") from None
         return None
     present = folder.onnx().exists() or (folder.path / previous.onnx).exists()
     if present and not force and previous.provenance() != manifest.provenance():
@@ -92,13 +101,25 @@ def _keep_or_remove_derived(folder: ModelFolder, manifest: Manifest, previous: M
 
 def run_export(spec: ModelSpec, output: Path | None = None, opts: ExportOptions | None = None,
                log: Log = QUIET) -> ExportResult:
-    """Build -> export -> check -> manifest. Raises ParityError (exit 1) when ONNX and PyTorch disagree."""
+    """Build -> export -> check -> manifest. Raises ParityError (exit 1) when ONNX and PyTorch disagree.
+
+    Refused before any work: an opset the installed onnx does not know, an --img-size or check batch that cannot
+    fit in memory. The folder is locked from the check of what it holds to the manifest (workspace.writing).
+    """
     opts = opts or ExportOptions()
+    check_opset(opts.opset)
+    check_export(spec, opts.check_batches)
     with log.step(f"Building {spec.variant}"):
         built = build(spec)
     for n in built.notes:
         log.warn(n) if ("untrained" in n or "meaningless" in n or "dropped" in n) else log.info(n)
     folder = _target(spec, output, built)
+    with writing(folder, log):
+        return _export_into(folder, spec, built, opts, log)
+
+
+def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: ExportOptions,
+                 log: Log) -> ExportResult:
     onnx_path = folder.onnx()
     manifest = new_manifest(spec, built, onnx_path.name, opts.opset)
     previous = _previous(folder, manifest, opts.force)

@@ -280,7 +280,7 @@ class Manifest:
         known = {x.name for x in fields(cls)} - {"extra"}
         return cls(
             variant=f.req("variant", str), img_size=_pair(f, "img_size"), patch_size=_pair(f, "patch_size"),
-            grid=_pair(f, "grid"), num_classes=f.req("num_classes", int), config=f.req("config", dict),
+            grid=_pair(f, "grid"), num_classes=f.req("num_classes", int), config=_config(f),
             preprocess=preprocess, checkpoint=CheckpointRecord.from_fields(ck) if ck else None,
             seed=f.opt("seed", int), pos_embed_interp=f.req("pos_embed_interp", str), opset=f.req("opset", int),
             onnx=f.req("onnx", str), input_name=f.req("input_name", str), output_name=f.req("output_name", str),
@@ -297,6 +297,20 @@ class Manifest:
         return {"variant": self.variant, "config": self.config,
                 "checkpoint_sha256": None if self.checkpoint is None else self.checkpoint.sha256,
                 "seed": self.seed, "pos_embed_interp": self.pos_embed_interp}
+
+
+# the model.ViTConfig fields that decide the model's shapes: without one, a rebuilt model would silently take a
+# default (another width, depth, ...)
+CONFIG_SHAPE_FIELDS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads",
+                       "mlp_ratio")
+
+
+def _config(f: _Fields) -> dict[str, Any]:
+    config = f.req("config", dict)
+    missing = [k for k in CONFIG_SHAPE_FIELDS if k not in config]
+    if missing:
+        raise VitexportError(f"{f.path} lacks the field 'config.{missing[0]}'; re-export the model.")
+    return config
 
 
 def _pair(f: _Fields, key: str) -> tuple[int, int]:

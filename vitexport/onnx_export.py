@@ -8,6 +8,7 @@ so a reader never sees a graph without its weights and a failed check never repl
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -70,12 +71,25 @@ def _trace(model: VisionTransformer, opset: int, example_batch: int):
     cfg = model.cfg
     x = torch.randn(example_batch, cfg.in_chans, *cfg.img_size)
     batch = torch.export.Dim("batch", min=1, max=65536)
+    # the exporter logs a failed conversion to another opset with a traceback, then carries on with its own opset
+    quiet = [logging.getLogger(name) for name in ("onnxscript", "torch.onnx")]
+    levels = [q.level for q in quiet]
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            model, (x,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-            dynamic_shapes={"x": {0: batch}}, opset_version=opset, optimize=True, verbose=False,
-        )
+        for q in quiet:
+            q.setLevel(logging.CRITICAL)
+        try:
+            program = torch.onnx.export(
+                model, (x,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                dynamic_shapes={"x": {0: batch}}, opset_version=opset, optimize=True, verbose=False,
+            )
+        finally:
+            for q, level in zip(quiet, levels):
+                q.setLevel(level)
+    got = {o.domain: o.version for o in program.model_proto.opset_import}.get("", opset)
+    if got != opset:
+        raise VitexportError(f"--opset {opset} is out of reach: torch.onnx's exporter could not convert this graph "
+                             f"to it (the graph stays at opset {got}); use a lower --opset (default {DEFAULT_OPSET}).")
     return program.model_proto
 
 
