@@ -20,7 +20,7 @@ from vitexport.data import load_folder
 from vitexport.ensure import ensure_artifact
 from vitexport.errors import BackendUnavailable
 from vitexport.export import run_export
-from vitexport.folder import ModelFolder
+from vitexport.folder import ModelFolder, sha256_file
 from vitexport.precision import CalibOptions
 from vitexport.pytorch_model import model_from_manifest
 from vitexport.spec import ModelSpec
@@ -120,6 +120,11 @@ def _corrupt_int8(src, dst):
             scale.CopyFrom(numpy_helper.from_array(arr.astype(np.float32), scale.name))
             break
     onnx.save_model(model, str(dst))
+    # recorded as if the precision step had written it: its digest verifies, so the parity check must catch it
+    folder = ModelFolder(dst.parent)
+    manifest = folder.read_manifest()
+    manifest.precisions["int8"].sha256 = sha256_file(dst)
+    folder.write_manifest(manifest)
 
 
 def test_corrupted_int8_fails_parity_under_strict(digits, tmp_path):

@@ -22,14 +22,17 @@ from .data import Dataset, labels_for_model, load_folder
 from .ensure import ensure_artifact, open_model
 from .environment import cuda_gpu, environment
 from .errors import BackendUnavailable, ParityError, VitexportError
-from .folder import ModelFolder, artifact_kind, sha256_file
+from .folder import ModelFolder, artifact_kind
 from .latency import Latency, batch_of, measure_latency
 from .manifest import Manifest
 from .paths import default_heldout_dir, display_path
 from .precision.settings import CalibOptions
 from .progress import QUIET, Log
+from .preflight import check_batches
 from .pytorch_model import model_from_manifest
 from .spec import ModelSpec
+from .verify import MISSING, FileCheck, check_folder
+from .workspace import reading
 
 PREPARED_KINDS = ("fp16", "int8", "int8-trt")  # ONNX kinds the bench makes when missing (unless --no-prepare)
 # ONNX kinds each ONNX Runtime provider runs: each INT8 graph where it belongs (the TensorRT-shaped one on the CPU
@@ -95,7 +98,14 @@ class BenchReport:
 
     @property
     def passed(self) -> bool:
-        return not any(r.missed_parity for r in self.results)
+        """No parity miss, and every artifact present verified (a wrong file is a failure, not 'unavailable')."""
+        return not self.failures()
+
+    def failures(self) -> list[str]:
+        """What failed, one phrase each: parity misses, then artifacts that did not verify."""
+        missed = [r.name for r in self.results if r.missed_parity]
+        return ([f"parity missed by {', '.join(missed)}"] if missed else []) + \
+            [f"{Path(a['file']).name} {a['reason']}" for a in self.artifacts if a.get("status", "ok") != "ok"]
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -108,7 +118,7 @@ def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = No
                   log: Log = QUIET) -> ModelFolder:
     """The folder to bench, with its FP16/INT8 ONNX made when missing (default options; the bench checks parity
     itself). A kind that cannot be made is warned about and then listed as unavailable."""
-    folder = open_model(target, spec, export=prepare, log=log)
+    folder = open_model(target, spec, export=prepare, verify=False, log=log)  # a wrong file: a FAIL in the table
     if prepare:
         for kind in PREPARED_KINDS:
             try:
@@ -186,8 +196,7 @@ def _run_backend(runner: Runner, inputs: _Inputs, batches: tuple[int, ...], opts
     try:
         runner.load()
     except BackendUnavailable as e:
-        res.reason = str(e)
-        log.info(f"{runner.name}: unavailable: {e}")
+        res.reason = str(e)  # listed once, under the table
         return res
     res.available, res.info = True, dict(runner.info)
     try:
@@ -224,6 +233,16 @@ def _run_backend(runner: Runner, inputs: _Inputs, batches: tuple[int, ...], opts
     return res
 
 
+def _not_run(runner: Runner, wrong: dict[Path, FileCheck]) -> BackendResult | None:
+    """The row of a runner whose file did not verify: not run (the artifact's failure is in the report)."""
+    path = getattr(runner, "path", None) or getattr(runner, "plan_path", None)
+    check = wrong.get(Path(path)) if path is not None else None
+    if check is None:
+        return None
+    return BackendResult(runner.name, runner.backend, runner.precision, runner.device, runner.provider, False,
+                         reason=f"not run: {check.path.name} {check.reason}")
+
+
 def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIET) -> BenchReport:
     """Every backend this machine offers for the model in `model_dir`, on the same inputs; see prepare_bench."""
     import torch
@@ -237,6 +256,12 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
     batches = opts.batches or ((1, 8, 32) if gpu else (1, 8))
     if any(b < 1 for b in batches):
         raise VitexportError("Batch sizes must be at least 1.")
+    check_batches(manifest.config, batches, f"{manifest.variant} at {manifest.img_size[0]}x{manifest.img_size[1]}")
+    with reading(folder, log) as debris:  # verified once no other run is writing the folder
+        checks = [c for c in check_folder(folder, manifest) if c.status != MISSING]
+    if dead := [d for d in debris if not d.alive]:
+        log.warn(f"{folder.path} holds {len(dead)} leftover(s) of an interrupted run; `vitexport info --clean "
+                 f"{folder.path}` removes them.")
     inputs = _load_inputs(manifest, opts, log)
     try:
         model = model_from_manifest(manifest)
@@ -248,7 +273,8 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
         runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends)
                    or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu")]
     ref = _Reference()
-    results = [_run_backend(r, inputs, batches, opts, ref, log) for r in runners]
+    wrong = {c.path: c for c in checks if c.problem}
+    results = [_not_run(r, wrong) or _run_backend(r, inputs, batches, opts, ref, log) for r in runners]
     return BenchReport(
         vitexport_version=__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -257,8 +283,8 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
                "num_classes": manifest.num_classes,
                "checkpoint": None if manifest.checkpoint is None else asdict(manifest.checkpoint),
                "random_weights": manifest.checkpoint is None},
-        artifacts=[{"file": display_path(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
-                   for p in folder.artifacts(PLAN_ORDER)],
+        artifacts=[{"file": display_path(c.path), "kind": c.kind, "bytes": c.path.stat().st_size, "sha256": c.sha256,
+                    "status": c.status, "reason": c.reason, "remedy": c.remedy} for c in checks],
         data={"source": display_path(inputs.data.source), "n": len(inputs.data), "n_parity": len(inputs.x_parity),
               "labelled": inputs.labels is not None, "classes": inputs.data.classes},
         reference=ref.name,

@@ -67,6 +67,10 @@ def rows(report: BenchReport) -> list[BenchRow]:
     return out
 
 
+def _wrong_artifacts(report: BenchReport) -> list[dict]:
+    return [a for a in report.artifacts if a.get("status", "ok") != "ok"]
+
+
 def print_table(report: BenchReport, console=None) -> None:
     import sys
 
@@ -98,11 +102,15 @@ def print_table(report: BenchReport, console=None) -> None:
     console.print(t)
     for r in report.results:
         if not r.available:
-            console.print(f"  [dim]{r.name}: unavailable: {escape(r.reason)}[/dim]")
+            what = "" if r.reason.startswith("not run:") else "unavailable: "  # not run: its file failed (below)
+            console.print(f"  [dim]{r.name}: {what}{escape(r.reason)}[/dim]")
         elif r.missed_parity and r.parity is not None:
             console.print(f"  [red]{r.name}: parity miss: {escape('; '.join(r.parity.failures))}[/red]")
         if r.available and "not_timed" in r.info:
             console.print(f"  [dim]{r.name}: parity only: {escape(r.info['not_timed'])}[/dim]")
+    for a in _wrong_artifacts(report):  # present but not the file its record describes: a failure, not 'unavailable'
+        console.print(f"  [red]FAIL {escape(a['file'])} ({a['status']}): {escape(a['reason'])}; "
+                      f"{escape(a['remedy'])}[/red]")
     if report.model["random_weights"]:
         console.print("  [yellow]Random weights (no checkpoint): latency is real, accuracy is meaningless.[/yellow]")
     env = report.environment
@@ -157,6 +165,10 @@ def to_markdown(report: BenchReport) -> str:
     failed = [r for r in report.results if r.missed_parity and r.parity is not None]
     if failed:
         lines += ["", "Parity misses:", ""] + [f"- {r.name}: {'; '.join(r.parity.failures)}" for r in failed]
+    wrong = _wrong_artifacts(report)
+    if wrong:
+        lines += ["", "Artifacts that failed verification:", ""] + [
+            f"- `{a['file']}` ({a['status']}): {a['reason']}; {a['remedy']}" for a in wrong]
     return "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -10,6 +11,21 @@ import click
 from ..compare import DEFAULT_THRESHOLDS, Thresholds
 from ..errors import ParityError, VitexportError
 from .groups import MODEL, QUIET, TARGET, OptionGroup, opt, use
+
+
+# the values a bound can take: a NaN would switch it off, a cosine above 1 fail every backend
+_BOUNDS = {"max_abs": (0.0, math.inf), "cos_min": (-1.0, 1.0), "cos_mean": (-1.0, 1.0), "top1_agree": (0.0, 1.0),
+           "acc_drop": (0.0, 100.0)}
+
+
+def _bound(field_name: str, value: str) -> float | None:
+    if value.lower() == "none":
+        return None
+    number, (lo, hi) = float(value), _BOUNDS.get(field_name, (-math.inf, math.inf))
+    if not (math.isfinite(number) and lo <= number <= hi):
+        raise click.BadParameter(f"{field_name}={value} is not a finite number in [{lo:g}, {hi:g}] ('none' "
+                                 f"switches the bound off)")
+    return number
 
 
 def _thresholds(ctx: click.Context, param: click.Parameter, specs: tuple[str, ...]) -> dict[str, Thresholds]:
@@ -22,7 +38,9 @@ def _thresholds(ctx: click.Context, param: click.Parameter, specs: tuple[str, ..
             base = out.get(prec) or DEFAULT_THRESHOLDS[prec]
             if field_name not in Thresholds.__dataclass_fields__:
                 raise KeyError(field_name)
-            out[prec] = replace(base, **{field_name: None if value.lower() == "none" else float(value)})
+            out[prec] = replace(base, **{field_name: _bound(field_name, value)})
+        except click.BadParameter as e:
+            raise click.BadParameter(f"{s!r}: {e.message}", ctx=ctx, param=param) from None
         except (ValueError, KeyError):
             raise click.BadParameter(f"{s!r}: expected PRECISION.FIELD=VALUE, e.g. int8.cos_min=0.99 "
                                      f"(fields: {', '.join(Thresholds.__dataclass_fields__)})",
@@ -38,11 +56,9 @@ def _report_file(ctx: click.Context, param: click.Parameter, path: Path | None) 
 
 
 def _bench_options(data, batches, iterations, min_time, warmup, threads, backends, thresholds, strict):
-    from ..bench import BenchOptions  # with numpy: only when the command runs
-
-    return BenchOptions(data=data, batches=tuple(batches) or None, iterations=iterations, min_time=min_time,
-                        warmup=warmup, threads=threads, backends=tuple(backends), thresholds=thresholds,
-                        strict=strict)
+    """BenchOptions' fields; the command makes them one after its checks (bench.py loads torch)."""
+    return dict(data=data, batches=tuple(batches) or None, iterations=iterations, min_time=min_time,
+                warmup=warmup, threads=threads, backends=tuple(backends), thresholds=thresholds, strict=strict)
 
 
 BENCH = OptionGroup(
@@ -101,9 +117,13 @@ def bench_command(target, spec, opts, no_prepare, files, log):
     MODEL_DIR is an exported model folder. Without it, the folder of --model (default: the default
     model) is used; missing ONNX, FP16 and INT8 artifacts are prepared first.
     """
-    from ..bench import prepare_bench, run_bench
+    from ..preflight import check_bench
+
+    check_bench(target, spec, opts["batches"])  # a --batch that cannot fit: refused before torch is even loaded
+    from ..bench import BenchOptions, prepare_bench, run_bench
     from ..report import print_table, write_outputs
 
+    opts = BenchOptions(**opts)
     folder = prepare_bench(target, spec, prepare=not no_prepare, log=log)
     report = run_bench(folder, opts, log)
     print_table(report)
@@ -114,7 +134,7 @@ def bench_command(target, spec, opts, no_prepare, files, log):
     for p in written:
         click.echo(f"wrote {p}")
     if not report.passed:
-        msg = f"Parity missed by: {', '.join(r.name for r in report.results if r.missed_parity)}."
+        msg = f"Failed: {'; '.join(report.failures())}."
         if opts.strict:
             raise ParityError(msg)
         click.echo(f"warning: {msg} (--strict makes this exit 1)", err=True)
