@@ -24,7 +24,7 @@ def test_help_imports_no_heavy_library():
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert set(data["results"]) >= {"--help", "onnx --help", "quantize --help", "trt --help", "bench --help",
-                                    "predict --help", "triton --help"}
+                                    "predict --help", "triton --help", "info --help"}
     for args, (code, text) in data["results"].items():
         assert code == 0 and "Usage:" in text, (args, text)
     assert data["loaded"] == [], f"--help imported {data['loaded']}"

@@ -12,6 +12,7 @@ imports the library it calls inside its body.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -24,29 +25,42 @@ from ..precision.settings import CALIB_METHODS, DEFAULT_KEEP_FP32, DEFAULT_PERCE
 from ..progress import Log
 from ..spec import user_spec
 from ..variants import DEFAULT_VARIANT, VARIANTS, parse_img_size
-
-
-class UserError(click.ClickException):
-    """Printed as 'Error: <sentence>' with the error's own exit code."""
-
-    def __init__(self, message: str, exit_code: int = 2):
-        super().__init__(message)
-        self.exit_code = exit_code
+from .failures import UserError, to_click  # noqa: F401 - UserError: commands raise it from here
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """VitexportError -> one sentence on stderr and its exit code; never a traceback for user mistakes."""
+    """Any failure -> one sentence on stderr and its exit code (failures.to_click); a traceback only with --debug."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except VitexportError as e:
-            raise UserError(str(e), e.exit_code) from None
-        except KeyboardInterrupt:
-            raise UserError("Interrupted; no partial output was kept.", 130) from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as e:  # noqa: BLE001 - translated, not swallowed
+            raise to_click(e) from None
+        except KeyboardInterrupt as e:
+            raise to_click(e) from None
 
     return wrapper
+
+
+def one_flag(default: str | None = None, **given: bool) -> str | None:
+    """The one flag of a choice given (--fp16 | --int8 | ...), refusing two: click would let the last one win."""
+    chosen = [name for name, on in given.items() if on]
+    if len(chosen) > 1:
+        raise click.UsageError(f"{' and '.join('--' + c for c in chosen)} exclude each other; give one of them.")
+    return chosen[0] if chosen else default
+
+
+class FiniteFloat(click.FloatRange):
+    """A float in a range, and a number: 'nan' and 'inf' are refused (a NaN bound would switch a check off)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        value = super().convert(value, param, ctx)
+        if not math.isfinite(value):
+            self.fail(f"{value} is not a finite number.", param, ctx)
+        return value
 
 
 class ImgSize(click.ParamType):
@@ -137,7 +151,7 @@ MODEL = OptionGroup(
     "spec",
     lambda: [
         opt("--model", "-m", "variant", default=None, type=ModelName(),
-             help=f"Named ViT variant (timm's names: {', '.join(VARIANTS)}), or timm's tagged name "
+             help=f"Named ViT variant (timm's names; `vitexport onnx --help` lists them), or timm's tagged name "
                   f"(vit_base_patch16_224.augreg2_in21k_ft_in1k: its weights from timm/<name> on the Hugging Face "
                   f"hub). Default: {DEFAULT_VARIANT}, or the -c hub checkpoint's."),
         opt("--checkpoint", "-c", type=CheckpointRef(), default=None,

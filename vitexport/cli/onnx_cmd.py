@@ -8,14 +8,15 @@ import click
 
 from ..compare import EXPORT_THRESHOLDS
 from ..spec import DEFAULT_OPSET, MIN_OPSET, ExportOptions
-from .groups import MODEL, QUIET, OptionGroup, opt, use
+from ..variants import VARIANTS
+from .groups import MODEL, QUIET, FiniteFloat, OptionGroup, opt, use
 
 EXPORT = OptionGroup(
     "export",
     lambda: [
         opt("--opset", type=click.IntRange(min=MIN_OPSET), default=DEFAULT_OPSET, show_default=True,
             help=f"ONNX opset (>= {MIN_OPSET}: LayerNormalization)."),
-        opt("--atol", type=float, default=EXPORT_THRESHOLDS.max_abs, show_default=True,
+        opt("--atol", type=FiniteFloat(min=0), default=EXPORT_THRESHOLDS.max_abs, show_default=True,
             help="Max abs logit difference allowed between ONNX Runtime and PyTorch."),
         opt("--check-batch", "check_batches", type=click.IntRange(min=1), multiple=True, default=(1, 3),
             show_default=True, help="Batch sizes to check the ONNX at (repeatable)."),
@@ -26,12 +27,15 @@ EXPORT = OptionGroup(
 )
 
 
-@click.command("onnx")
+@click.command("onnx", epilog=f"Variants (-m): {', '.join(VARIANTS)}.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
               help="Output folder (or .onnx path). Default: models/<variant>-<H>x<W>/.")
 @use(MODEL, EXPORT, QUIET)
 def onnx_command(output: Path | None, spec, export, log):
     """Export a ViT to ONNX (dynamic batch) and check it against PyTorch in ONNX Runtime."""
+    from ..preflight import check_export
+
+    check_export(spec, export.check_batches)  # an --img-size that cannot fit: refused before torch is even loaded
     from ..ensure import ensure_artifact
 
     artifact = ensure_artifact(output, "fp32", spec=spec, export_opts=export, fresh=True, log=log)

@@ -4,31 +4,32 @@ from __future__ import annotations
 
 import click
 
-from .groups import CALIB, MODEL, QUIET, TARGET, use
+from .groups import CALIB, MODEL, QUIET, TARGET, one_flag, use
 
 INT8_TARGETS = {"cpu": ("int8",), "tensorrt": ("int8-trt",), "all": ("int8", "int8-trt")}
 
 
 @click.command("quantize")
-@click.option("--fp16", "precision", flag_value="fp16", help="Mixed FP16, FP32 inputs/outputs.")
-@click.option("--int8", "precision", flag_value="int8", help="Symmetric INT8 Q/DQ from calibration.")
+@click.option("--fp16", is_flag=True, help="Mixed FP16, FP32 inputs/outputs.")
+@click.option("--int8", is_flag=True, help="Symmetric INT8 Q/DQ from calibration.")
 @click.option("--target", "int8_target", type=click.Choice(list(INT8_TARGETS)), default="cpu", show_default=True,
               help="INT8: the graph for CPU runtimes (FP32 between the INT8 GEMMs), the one shaped for TensorRT "
                    "(FP16 between them), or both from one calibration.")
 @use(TARGET, MODEL, CALIB, QUIET)
-def quantize_command(precision, int8_target, target, spec, calib, log):
+def quantize_command(fp16, int8, int8_target, target, spec, calib, log):
     """Write model.fp16.onnx, model.int8.onnx or model.int8.trt.onnx beside an exported model, checked against FP32.
 
     MODEL_DIR is an exported model folder (or its model.onnx). Without it, the folder of --model
     (default: the default model) is used, exported first if absent.
     """
-    from ..ensure import ensure_artifact
-
+    precision = one_flag(fp16=fp16, int8=int8)
     if precision is None:
         raise click.UsageError("Choose --fp16 or --int8.")
     if precision == "fp16" and (calib.data or calib.samples):
         log.warn("--calib-data/--calib-samples only matter for --int8; FP16 needs no calibration.")
     kinds = INT8_TARGETS[int8_target] if precision == "int8" else ("fp16",)
+    from ..ensure import ensure_artifact
+
     for kind in kinds:
         artifact = ensure_artifact(target, kind, spec=spec, calib=calib, fresh=True, log=log)
         v = artifact.precision.verdict if artifact.precision else None

@@ -7,14 +7,14 @@ from pathlib import Path
 import click
 
 from ..tensorrt_engine.options import BuildOptions, LogOptions
-from .groups import CALIB, MODEL, QUIET, TARGET, OptionGroup, opt, use
+from .groups import CALIB, MODEL, QUIET, TARGET, OptionGroup, one_flag, opt, use
 
 BUILD = OptionGroup(
     "build",
     lambda: [
-        opt("--fp16", "precision", flag_value="fp16", default=True, help="Mixed FP16 engine (default)."),
-        opt("--int8", "precision", flag_value="int8", help="INT8 engine from the Q/DQ ONNX."),
-        opt("--fp32", "precision", flag_value="fp32", help="FP32 reference engine (TF32 off)."),
+        opt("--fp16", is_flag=True, help="Mixed FP16 engine (default)."),
+        opt("--int8", is_flag=True, help="INT8 engine from the Q/DQ ONNX."),
+        opt("--fp32", is_flag=True, help="FP32 reference engine (TF32 off)."),
         opt("--min-batch", type=click.IntRange(min=1), default=1, show_default=True),
         opt("--opt-batch", type=click.IntRange(min=1), default=8, show_default=True),
         opt("--max-batch", type=click.IntRange(min=1), default=32, show_default=True),
@@ -24,9 +24,9 @@ BUILD = OptionGroup(
             help="Timing cache file: loaded when present, saved after the build."),
         opt("--opt-level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (0-5)."),
     ],
-    lambda precision, min_batch, opt_batch, max_batch, workspace, timing_cache, opt_level: BuildOptions(
-        precision=precision, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch, workspace_gib=workspace,
-        timing_cache=timing_cache, opt_level=opt_level).validate(),
+    lambda fp16, int8, fp32, min_batch, opt_batch, max_batch, workspace, timing_cache, opt_level: BuildOptions(
+        precision=one_flag("fp16", fp16=fp16, int8=int8, fp32=fp32), min_batch=min_batch, opt_batch=opt_batch,
+        max_batch=max_batch, workspace_gib=workspace, timing_cache=timing_cache, opt_level=opt_level).validate(),
 )
 
 

@@ -1,0 +1,115 @@
+"""How a failure reaches the user: one sentence and an exit code, never a traceback, unless asked for one.
+
+- `VitexportError` (a condition the user can fix): its sentence and its exit code (2 unless it says otherwise).
+- `OSError` that reached the command (permissions, full disk, file-size limit): one sentence naming the file (a
+  hidden temporary is named by the file it was for), exit 2. `MemoryError`: one sentence, exit 2.
+- `KeyboardInterrupt`: exit 130; every file is written to a temporary first, so nothing partial is kept.
+- Anything else is a bug: one line saying so and how to get the traceback, exit 70.
+
+`vitexport --debug ...` (or `VITEXPORT_DEBUG=1`) prints the traceback of the library's exception (the one a
+VitexportError was raised from, too) before the sentence, for a bug report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from pathlib import Path
+
+import click
+
+from ..errors import VitexportError
+
+DEBUG_ENV = "VITEXPORT_DEBUG"
+INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE
+INTERRUPTED_EXIT = 130
+_STAGING = re.compile(r"^\.(.+)\.vx\d+-")  # paths.staging_prefix: '.model.onnx.vx123-ab.onnx' -> 'model.onnx'
+
+_debug = False
+
+
+class UserError(click.ClickException):
+    """Printed as 'Error: <sentence>' with the error's own exit code."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(printable(message))
+        self.exit_code = exit_code
+
+
+def set_debug(flag: bool) -> None:
+    global _debug
+    _debug = flag
+
+
+def debugging() -> bool:
+    return _debug or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def printable(text: str) -> str:
+    """A message any terminal can print: bytes of non-UTF-8 file names shown as \\xNN escapes."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def public_path(name: str | os.PathLike | None) -> str:
+    """A path as the user knows it: a hidden temporary of ours is named by the file it was going to become."""
+    if name is None:
+        return ""
+    path = Path(os.fsdecode(name))
+    m = _STAGING.match(path.name)
+    return str(path.with_name(m.group(1)) if m else path)
+
+
+def _os_error_sentence(e: OSError) -> str:
+    from ..paths import write_reason
+
+    where = public_path(e.filename)
+    why = write_reason(e)
+    return f"{where}: {why}." if where else f"{why[:1].upper()}{why[1:]}."
+
+
+def _print_traceback(e: BaseException) -> None:
+    chain: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for exc in reversed(chain):
+        click.echo("".join(traceback.format_exception(type(exc), exc, exc.__traceback__, chain=False)).rstrip(),
+                   err=True)
+
+
+def to_click(e: BaseException) -> click.ClickException | click.exceptions.Exit | click.Abort:
+    """The click exception that ends the command for `e`: a sentence and an exit code."""
+    if isinstance(e, (click.ClickException, click.exceptions.Exit, click.Abort)):
+        return e
+    if debugging() and not isinstance(e, KeyboardInterrupt):
+        _print_traceback(e)
+    if isinstance(e, VitexportError):
+        return UserError(str(e), e.exit_code)
+    if isinstance(e, KeyboardInterrupt):
+        return UserError("Interrupted; no partial output was kept.", INTERRUPTED_EXIT)
+    if isinstance(e, MemoryError):
+        return UserError("Ran out of memory; use a smaller --batch or --img-size, or free some memory.")
+    if isinstance(e, OSError):
+        return UserError(_os_error_sentence(e))
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    return UserError(f"Internal error ({type(e).__name__}{': ' + first if first else ''}); this is a bug: rerun with "
+                     f"`vitexport --debug ...` (or {DEBUG_ENV}=1) and report the traceback.", INTERNAL_ERROR_EXIT)
+
+
+class VitexportGroup(click.Group):
+    """The command group: every command's failures go through `to_click`, whichever module defines it."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the one place every failure passes
+            if isinstance(e, (SystemExit, GeneratorExit)):
+                raise
+            raise to_click(e) from None

@@ -1,0 +1,85 @@
+"""`vitexport info [MODEL_DIR] [--clean]`: what a model folder holds, each file verified, and what is stale."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import VitexportError
+from .groups import QUIET, use
+
+
+def _describe(status) -> list[str]:
+    """The lines of one folder: the model, how it was exported, each file present with its verified digest."""
+    m = status.manifest
+    ck = "random weights" if m.checkpoint is None else f"{m.checkpoint.path} (sha256 {m.checkpoint.sha256[:12]})"
+    parity = "" if m.parity is None else ", checked at batch " + ", ".join(
+        f"{c.batch} ({'passed' if c.passed else 'FAILED'})" for c in m.parity.checks)
+    versions = ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)
+    lines = [f"{status.folder.path}",
+             f"  model     {m.variant} {m.img_size[0]}x{m.img_size[1]}, {m.num_classes or 'no'} classes, {ck}",
+             f"  export    opset {m.opset}{parity}; {versions}",
+             f"  manifest  {m.format}",
+             "  files"]
+    for c in status.present:
+        size = f"{c.path.stat().st_size:>12,} B"
+        if c.ok:
+            lines.append(f"    ok          {c.path.name:<26}{size}  sha256 {c.sha256}")
+        else:
+            lines.append(f"    {c.status.upper():<11} {c.path.name:<26}{size}  {c.reason}; {c.remedy}")
+    for p in status.orphans:
+        lines.append(f"  STALE     {p.name}: a sidecar without its plan")
+    if status.rejected:
+        lines.append(f"  rejected  {', '.join(p.name for p in status.rejected)} (failed their parity check; kept "
+                     f"for inspection)")
+    if status.caches:
+        total = sum(p.stat().st_size for p in status.caches)
+        lines.append(f"  caches    {len(status.caches)} calibration cache(s), {total:,} B")
+    for d in status.debris:
+        lines.append(f"  LEFTOVER  {d.describe()}")
+    return lines
+
+
+@click.command("info")
+@click.argument("model_dir", required=False, type=click.Path(path_type=Path), metavar="[MODEL_DIR]")
+@click.option("--clean", is_flag=True, help="Remove stale files (derived files that do not verify, sidecars without "
+                                             "a plan) and the leftovers of interrupted runs. Never the FP32 export.")
+@use(QUIET)
+def info_command(model_dir: Path | None, clean: bool, log):
+    """Show a model folder: its manifest, every file with its verified sha256, and what is stale.
+
+    Without MODEL_DIR: one line per model folder under models/ ($VITEXPORT_MODELS). Exits 1 when a file
+    present does not verify (run with --clean to remove the stale ones).
+    """
+    from ..folder import ModelFolder
+    from ..status import clean as clean_folder
+    from ..status import folder_status, model_folders, summary
+
+    if model_dir is None:
+        folders = model_folders()
+        if not folders:
+            raise VitexportError("No model folders under models/ (or $VITEXPORT_MODELS); give MODEL_DIR.")
+    else:
+        if not model_dir.exists():
+            raise VitexportError(f"{model_dir} does not exist.")
+        folders = [ModelFolder.containing(model_dir)]
+    failed = 0
+    for folder in folders:
+        if clean:
+            removed = clean_folder(folder, log)
+            click.echo(f"{folder.path}: removed {len(removed)} file(s)" + (
+                f": {', '.join(p.name for p in removed)}" if removed else ""))
+        try:
+            status = folder_status(folder)
+        except VitexportError as e:
+            if model_dir is not None:
+                raise
+            failed += 1
+            click.echo(f"{folder.path}  {e}")
+            continue
+        failed += len(status.failed) + len(status.orphans)
+        click.echo("\n".join(_describe(status)) if model_dir is not None else f"{folder.path}  {summary(status)}")
+    if failed:
+        raise VitexportError(f"{failed} problem(s) found; `vitexport info --clean` removes stale files and leftovers "
+                             f"(a wrong FP32 export is replaced by re-exporting).", exit_code=1)
