@@ -112,19 +112,41 @@ def _read_raw(path: Path) -> dict[str, torch.Tensor | np.ndarray]:
     kind = _sniff(path)
     try:
         if kind == "safetensors":
-            from safetensors.torch import load_file
-
-            return _strip_module(dict(load_file(str(path))))
+            return _read_safetensors(path)
         if kind == "npz":
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except VitexportError:
         raise
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise VitexportError(f"Checkpoint {path} could not be read ({first[:200]}).") from None
+    except pickle.UnpicklingError as e:
+        if "weights only load failed" not in str(e).lower():
+            raise VitexportError(f"Checkpoint {path} could not be read ({_first_line(e)}); is it complete?") from None
+        blocked = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        needs = f" ({blocked.group(1)})" if blocked else ""
+        raise VitexportError(
+            f"Checkpoint {path} holds Python objects besides tensors{needs}, and vitexport never unpickles those (it "
+            f"could run code); if you trust its source, convert it once to safetensors (load it in your own Python, "
+            f"then safetensors.torch.save_file(state_dict, 'model.safetensors')) and pass that file.") from None
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as e:
+        raise VitexportError(f"Checkpoint {path} could not be read ({_first_line(e)}); is it complete?") from None
     return _unwrap(obj, path)
+
+
+def _first_line(e: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # no terminal colour codes
+    return (text.splitlines()[0][:200] if text else type(e).__name__).rstrip(".")
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return _strip_module(dict(load_file(str(path))))
+    except SafetensorError as e:  # a truncated download, a damaged header
+        raise VitexportError(f"Checkpoint {path} is not a complete .safetensors file ({_first_line(e)}); download "
+                             f"or copy it again.") from None
 
 
 def _unwrap(obj: object, path: Path) -> dict[str, torch.Tensor]:

@@ -89,10 +89,11 @@ def load_image(path: Path, pp: Preprocess) -> np.ndarray:
     except Image.DecompressionBombError as e:
         raise VitexportError(f"Image {path} is too large to decode safely ({e}); downscale it first.") from None
     except UnidentifiedImageError:
-        raise VitexportError(f"Cannot read image {path}: it is not an image Pillow recognises.") from None
+        raise VitexportError(f"Cannot read image {path}: it is not an image Pillow recognises; remove it from the "
+                             f"folder or convert it to PNG or JPEG.") from None
     except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt files
-        why = str(e).strip() or e.__class__.__name__
-        raise VitexportError(f"Cannot read image {path}: {why}.") from None
+        why = (str(e).strip().splitlines() or [""])[0].rstrip(".") or "the file is damaged"
+        raise VitexportError(f"Cannot read image {path}: {why}; remove it from the folder or save it again.") from None
 
 
 def iter_batches(files: list[Path], pp: Preprocess, batch: int):
@@ -167,7 +168,14 @@ def _load_npy(paths: list[Path], pp: Preprocess, limit: int | None) -> Dataset:
         try:
             a = np.load(p, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise VitexportError(f"Cannot read {p}: {e.__class__.__name__}.") from None
+            why = (str(e).strip().splitlines() or [""])[0].rstrip(".") or "not a NumPy .npy file"
+            raise VitexportError(f"Cannot read {p}: {why}; give arrays saved with numpy.save.") from None
+        if a.dtype.kind not in "fiu":
+            raise VitexportError(f"{p} holds {a.dtype} values; give float32 preprocessed inputs.")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            bad = int(a.size - np.isfinite(a).sum())
+            raise VitexportError(f"{p} holds {bad:,} NaN or infinite values (of {a.size:,}); give finite, "
+                                 f"preprocessed inputs.")
         if a.ndim == 3:
             a = a[None]
         want = (3, *pp.input_size)
