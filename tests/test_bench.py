@@ -30,7 +30,7 @@ from conftest import ROOT, fails_cleanly
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 CPU_BACKENDS = {"pytorch cpu fp32", "pytorch cpu bf16", "onnxruntime cpu fp32", "onnxruntime cpu fp16",
-                "onnxruntime cpu int8"}
+                "onnxruntime cpu int8", "openvino cpu fp32", "openvino cpu int8"}
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,34 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# CPU features CPU inference speed depends on (INT8 dot products, BF16 arithmetic, AMX tiles), as Linux names them
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> list[str]:
+    """Which of CPU_FLAGS this CPU has (Linux; [] elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in CPU_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def openvino_cpu(core: Any = None) -> dict[str, Any] | None:
+    """OpenVINO's version and what its CPU plugin says the CPU can do ('FP32', 'BF16', 'INT8', ...); None when
+    openvino cannot be imported or has no CPU device."""
+    try:
+        import openvino
+
+        caps = (core or openvino.Core()).get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    except Exception:  # ImportError, or OpenVINO's RuntimeError for a missing CPU plugin
+        return None
+    return {"version": openvino.__version__, "cpu_capabilities": [str(c) for c in caps]}
+
+
 def cuda_driver_version() -> str | None:
     """The CUDA driver's version ('12.4'), read from the driver library itself; None when there is none."""
     names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so", "libcuda.dylib")
@@ -87,11 +115,12 @@ def environment(threads: int) -> dict[str, Any]:
     """Where a benchmark ran, as its report records it."""
     import onnxruntime
 
-    gpu = cuda_gpu()
+    gpu, ov = cuda_gpu(), openvino_cpu()
     return {
         "cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": versions(with_tensorrt=True),
+        "python": platform.python_version(), "cpu_flags": cpu_flags(),
+        "versions": {**versions(with_tensorrt=True), "openvino": ov and ov["version"]},
+        "openvino_cpu_capabilities": ov and ov["cpu_capabilities"],
         "onnxruntime_providers": onnxruntime.get_available_providers(),
         "gpu": None if gpu is None else {"name": gpu["name"],
                                          "capability": [int(v) for v in gpu["compute_capability"].split(".")],

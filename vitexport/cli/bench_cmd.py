@@ -74,7 +74,7 @@ BENCH = OptionGroup(
             help="Seconds of timed runs, at least."),
         opt("--warmup", type=click.IntRange(min=0), default=2, show_default=True),
         opt("--threads", type=click.IntRange(min=1), default=None,
-            help="CPU threads for PyTorch and ONNX Runtime. Default: all cores."),
+            help="CPU threads for PyTorch, ONNX Runtime and OpenVINO. Default: all cores."),
         opt("--backend", "backends", multiple=True,
             help="Only backends whose name contains this (repeatable), e.g. 'onnxruntime', 'int8'."),
         opt("--threshold", "thresholds", multiple=True, metavar="PREC.FIELD=VALUE", callback=_thresholds,
