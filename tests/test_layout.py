@@ -11,7 +11,7 @@ PACKAGE = ROOT / "vitexport"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 400
 # file names of the model folder: the manifest, ONNX files, plans and sidecars, calibration cache, rejected files
-ARTIFACT_NAME = re.compile(r"manifest\.json|model\.(onnx|fp32|fp16|int8)|\.plan\b|calib-cache|\.rejected\.")
+ARTIFACT_NAME = re.compile(r"manifest\.json|model\.(onnx|fp32|fp16|int8|openvino)|\.plan\b|calib-cache|\.rejected\.")
 
 
 def _modules():

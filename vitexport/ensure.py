@@ -17,9 +17,11 @@ from typing import Callable, Union
 
 from .errors import VitexportError
 from .export import ExportOptions, ExportResult, run_export
-from .folder import MANIFEST_NAME, PLAN_SOURCE, ModelFolder, artifact_kind
+from .folder import IR_SOURCE, MANIFEST_NAME, PLAN_SOURCE, ModelFolder, artifact_kind
+from .openvino_ir import ir_stale_reason, make_ir
 from .precision.convert import graph_precision
-from .precision.prepare import PrecisionResult, run_quantize, stale_reason
+from .precision.prepare import PrecisionResult, run_quantize
+from .precision.prepare import stale_reason as onnx_stale_reason
 from .precision.settings import CalibOptions
 from .preflight import check_op_types
 from .progress import QUIET, Log
@@ -37,7 +39,17 @@ MAKERS: dict[str, Maker] = {
     "fp16": run_quantize,
     "int8": run_quantize,
     "int8-trt": run_quantize,
+    **{kind: make_ir for kind in IR_SOURCE},  # OpenVINO IR, converted from the ONNX kind IR_SOURCE[kind]
 }
+# kinds made from another ONNX kind than the export (made sure of first), and how their currency is judged
+SOURCE_KIND: dict[str, str] = dict(IR_SOURCE)
+STALE_REASON: dict[str, Callable[[ModelFolder, str, Union[CalibOptions, None]], Union[str, None]]] = {
+    kind: ir_stale_reason for kind in IR_SOURCE}
+
+
+def stale_reason(folder: ModelFolder, kind: str, calib: CalibOptions | None) -> str | None:
+    """Why `kind` must be made (again), or None when the folder's file is current."""
+    return STALE_REASON.get(kind, onnx_stale_reason)(folder, kind, calib)
 
 
 @dataclass
@@ -87,6 +99,8 @@ def ensure_artifact(target: Target, kind: str, *, spec: ModelSpec | None = None,
         result = run_export(spec or ModelSpec(), output=output, opts=export_opts, log=log)
         return Artifact("fp32", result.onnx_path, result.folder, True, export=result)
     folder, exported = _open(target, spec, export, log)
+    if kind in SOURCE_KIND:  # converted from another ONNX kind: that one is made sure of first
+        ensure_artifact(folder, SOURCE_KIND[kind], calib=calib, log=log)
     maker = MAKERS.get(kind)
     if maker is None and kind != "fp32":
         raise VitexportError(f"No step makes {folder.onnx(kind).name} yet.")

@@ -9,11 +9,12 @@
         model.int8.trt.onnx        INT8 shaped for TensorRT
         model.<fp32|fp16|int8>.plan       TensorRT engines ...
         model.<fp32|fp16|int8>.plan.json  ... and their sidecars
+        model.openvino.<fp32|fp16|int8>.xml/.bin  OpenVINO IR, converted from the ONNX named in IR_SOURCE
         model.<kind>.rejected.onnx a conversion that failed its parity check, kept for inspection
         calib-cache/<key>.json     calibration ranges, addressed by what they were computed from
 
-A new artifact is one line in ARTIFACTS (an ONNX graph) or in PLAN_SOURCE (a TensorRT engine and the graph it
-is built from). Callers ask a ModelFolder for paths; they never spell a file name.
+A new artifact is one line in ARTIFACTS (an ONNX graph, or an OpenVINO IR with its line in IR_SOURCE too) or in
+PLAN_SOURCE (a TensorRT engine and the graph it is built from). Callers ask a ModelFolder for paths; they never spell a file name.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ CALIB_CACHE_DIR = "calib-cache"
 EXTERNAL_DATA_SUFFIX = ".data"  # model.onnx -> model.onnx.data
 SIDECAR_SUFFIX = ".json"  # model.fp16.plan -> model.fp16.plan.json
 REJECTED_SUFFIX = ".rejected.onnx"  # model.fp16.onnx -> model.fp16.rejected.onnx
+IR_WEIGHTS_SUFFIX = ".bin"  # model.openvino.fp32.xml -> model.openvino.fp32.bin
 LOCK_NAME = ".vitexport.lock"  # the writers' lock (vitexport.workspace); stays in place between runs
 OWNER_NAME = ".vitexport.owner"  # who holds that lock (pid, command), for the message of a run that waits
 
@@ -53,7 +55,14 @@ ARTIFACTS: dict[str, ArtifactKind] = {k.name: k for k in [
     ArtifactKind("int8", "model.int8.onnx", "int8", "vitexport quantize --int8"),  # GEMM-input Q/DQ, FP32 rest: CPUs
     ArtifactKind("int8-trt", "model.int8.trt.onnx", "int8",  # GEMM-input Q/DQ, FP16 rest + FP16 scales: TensorRT
                  "vitexport quantize --int8 --target tensorrt"),
+    ArtifactKind("openvino-fp32", "model.openvino.fp32.xml", "fp32", "vitexport openvino --precision fp32"),
+    ArtifactKind("openvino-fp16", "model.openvino.fp16.xml", "fp16",  # weights stored in FP16
+                 "vitexport openvino --precision fp16"),
+    ArtifactKind("openvino-int8", "model.openvino.int8.xml", "int8", "vitexport openvino --precision int8"),
 ]}
+
+# OpenVINO IR kinds -> the ARTIFACTS kind each is converted from (its weights: the .bin beside the .xml)
+IR_SOURCE: dict[str, str] = {"openvino-fp32": "fp32", "openvino-fp16": "fp32", "openvino-int8": "int8"}
 
 # TensorRT engines: plan precision -> the ARTIFACTS kind it is built from
 PLAN_SOURCE: dict[str, str] = {"fp32": "fp32", "fp16": "fp16", "int8": "int8-trt"}
@@ -96,6 +105,11 @@ def onnx_digest(onnx_path: Path) -> str:
     if data.is_file():
         digest = hashlib.sha256(f"{digest}:{sha256_file(data)}".encode()).hexdigest()
     return digest
+
+
+def ir_weights_of(xml_path: Path) -> Path:
+    """The .bin OpenVINO reads with an IR's .xml (same folder, same stem)."""
+    return Path(xml_path).with_suffix(IR_WEIGHTS_SUFFIX)
 
 
 def sidecar_for(plan_path: Path) -> Path:
@@ -192,9 +206,15 @@ class ModelFolder:
     def external_data(self, kind: str = "fp32") -> Path:
         return external_data_of(self.onnx(kind))
 
+    def ir_weights(self, kind: str) -> Path:
+        """The .bin of an OpenVINO IR kind."""
+        return ir_weights_of(self.onnx(kind))
+
     def rejected(self, kind: str) -> Path:
         """Where a conversion that failed its parity check is kept (model.fp16.rejected.onnx)."""
         name = artifact_kind(kind).filename
+        if kind in IR_SOURCE:  # model.openvino.fp16.rejected.xml (its .bin beside it)
+            return self.path / (name.removesuffix(".xml") + ".rejected.xml")
         return self.path / (name.removesuffix(".onnx") + REJECTED_SUFFIX)
 
     def plan(self, precision: str) -> Path:
@@ -218,7 +238,7 @@ class ModelFolder:
         """Everything made from the FP32 export: stale (and removed) once the export's bytes change."""
         onnx = [self.onnx(k) for k in ARTIFACTS if k != "fp32"]
         plans = [p for prec in PLAN_PRECISIONS for p in (self.plan(prec), self.sidecar(prec))]
-        return onnx + plans
+        return onnx + [self.ir_weights(k) for k in IR_SOURCE] + plans
 
     @property
     def lock_path(self) -> Path:
@@ -237,8 +257,9 @@ class ModelFolder:
         return names
 
     def artifacts(self, plan_order: tuple[str, ...] = PLAN_PRECISIONS) -> list[Path]:
-        """The ONNX files and plans that exist, in table order."""
-        files = [self.onnx(k) for k in ARTIFACTS] + [self.plan(p) for p in plan_order]
+        """The ONNX files, IR files and plans that exist, in table order."""
+        files = [self.onnx(k) for k in ARTIFACTS] + [self.ir_weights(k) for k in IR_SOURCE] + \
+            [self.plan(p) for p in plan_order]
         return [p for p in files if p.is_file()]
 
     # -- manifest --------------------------------------------------------------------------------------

@@ -178,7 +178,29 @@ class HeldOutCheck:
                    dict(f.req("thresholds", dict)), _stats(f))
 
 
-_PRECISION_FIELDS = {"file", "source_sha256", "sha256", "keep_fp32", "calibration", "qdq", "check"}
+@dataclass
+class IrRecord:
+    """An OpenVINO IR's second file and the ONNX it was converted from (records of the openvino-* kinds)."""
+
+    weights: str  # the .bin beside the .xml (the record's `file`)
+    weights_sha256: str  # its bytes: a .bin from another model or conversion is refused
+    weights_bytes: int  # its size: a truncated .bin is named as such
+    source: str  # the ONNX kind it was converted from (folder.IR_SOURCE)
+    source_sha256: str  # that ONNX's bytes (external data folded in): another one makes the IR stale
+    fp16_weights: bool  # weights stored in FP16 (compress_to_fp16)
+    openvino: str  # the converting OpenVINO's version
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "IrRecord":
+        return cls(f.req("weights", str), f.req("weights_sha256", str), f.req("weights_bytes", int),
+                   f.req("source", str), f.req("source_sha256", str), f.req("fp16_weights", bool),
+                   f.req("openvino", str))
+
+
+_PRECISION_FIELDS = {"file", "source_sha256", "sha256", "keep_fp32", "calibration", "qdq", "check", "openvino"}
 
 
 @dataclass
@@ -193,6 +215,7 @@ class PrecisionRecord:
     qdq: dict[str, int] | None = None  # INT8: Q/DQ counts and invariants (precision.convert.qdq_summary)
     check: HeldOutCheck | None = None  # the parity check against FP32, unless skipped
     extra: dict[str, Any] = field(default_factory=dict)  # fields of a newer minor version, kept
+    openvino: IrRecord | None = None  # an OpenVINO IR: its .bin and its source ONNX
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"file": self.file, "source_sha256": self.source_sha256}
@@ -204,15 +227,17 @@ class PrecisionRecord:
             d["qdq"] = dict(self.qdq)
         if self.check is not None:
             d["check"] = self.check.to_dict()
+        if self.openvino is not None:
+            d["openvino"] = self.openvino.to_dict()
         return {**d, "sha256": self.sha256, **self.extra}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "PrecisionRecord":
-        cal, check = f.sub("calibration"), f.sub("check")
+        cal, check, ov = f.sub("calibration"), f.sub("check"), f.sub("openvino")
         return cls(f.req("file", str), f.req("source_sha256", str), f.opt("sha256", str, ""),
                    f.opt("keep_fp32", list), CalibrationRecord.from_fields(cal) if cal else None,
                    f.opt("qdq", dict), HeldOutCheck.from_fields(check) if check else None,
-                   f.rest(_PRECISION_FIELDS))
+                   f.rest(_PRECISION_FIELDS), openvino=IrRecord.from_fields(ov) if ov else None)
 
 
 # -- the manifest -------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import VitexportError
 from .folder import ARTIFACTS, MANIFEST_NAME, PLAN_PRECISIONS, ModelFolder, artifact_kind, onnx_digest, sha256_file
-from .manifest import Manifest
+from .manifest import IrRecord, Manifest
 
 OK, MISSING, BROKEN, STALE, UNRECORDED = "ok", "missing", "broken", "stale", "unrecorded"
 PROBLEMS = (BROKEN, STALE, UNRECORDED)  # present and not to be used
@@ -86,6 +86,20 @@ def check_onnx(folder: ModelFolder, kind: str, manifest: Manifest | None = None)
                                              f"it was replaced or damaged after it was made)", sha, remedy)
     if rec.source_sha256 != manifest.onnx_sha256:
         return FileCheck(kind, path, STALE, f"was made from an earlier {manifest.onnx}", sha, remedy)
+    if rec.openvino is not None:  # an OpenVINO IR: its .bin, and the ONNX it was converted from
+        return _check_ir(folder, kind, rec.openvino, sha, remedy)
+    return FileCheck(kind, path, OK, sha256=sha)
+
+
+def _check_ir(folder: ModelFolder, kind: str, ir: IrRecord, sha: str, remedy: str) -> FileCheck:
+    path, weights, source = folder.onnx(kind), folder.ir_weights(kind), folder.onnx(ir.source)
+    if not weights.is_file():
+        return FileCheck(kind, path, BROKEN, f"has lost its weights file {weights.name}", sha, remedy)
+    if digest(weights) != ir.weights_sha256:
+        return FileCheck(kind, path, BROKEN, f"comes with a {weights.name} that does not match its record in "
+                                             f"{MANIFEST_NAME} (its sha256 differs)", sha, remedy)
+    if not source.is_file() or digest(source, fold_external_data=True) != ir.source_sha256:
+        return FileCheck(kind, path, STALE, f"was made from an earlier {source.name}", sha, remedy)
     return FileCheck(kind, path, OK, sha256=sha)
 
 

@@ -11,6 +11,7 @@ from .bench_cmd import bench_command
 from .failures import DEBUG_ENV, VitexportGroup, set_debug
 from .info_cmd import info_command
 from .onnx_cmd import onnx_command
+from .openvino_cmd import openvino_command
 from .predict_cmd import predict_command
 from .quantize_cmd import quantize_command
 from .triton_cmd import triton_command
@@ -36,6 +37,7 @@ cli.add_command(onnx_command)
 cli.add_command(quantize_command)
 cli.add_command(trt_command)
 cli.add_command(bench_command)
+cli.add_command(openvino_command)
 cli.add_command(predict_command)
 cli.add_command(triton_command)
 cli.add_command(info_command)

@@ -1,0 +1,243 @@
+"""OpenVINO: the CPU rows on the labelled digits model (INT8 accuracy against the labels, FP32 against ONNX Runtime),
+the IR that `vitexport openvino` writes (checked, recorded, atomic), and the IR it refuses."""
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from vitexport.backends.base import infer_in_chunks
+from vitexport.backends.openvino_backend import OpenVinoRunner, cpu_capabilities, has_bf16
+from vitexport.backends.ort_session import create_session
+from vitexport.bench import discover
+from vitexport.cli import cli
+from vitexport.compare import Thresholds, compare, judge
+from vitexport.data import labels_for_model, load_folder
+from vitexport.ensure import ensure_artifact
+from vitexport.errors import BackendUnavailable, ParityError
+from vitexport.export import run_export
+from vitexport.folder import ModelFolder, sha256_file
+from vitexport.openvino_ir import make_ir
+from vitexport.precision import CalibOptions
+from vitexport.spec import ModelSpec
+from vitexport.variants import DIGITS_VARIANT
+
+from conftest import ROOT, fails_cleanly
+
+HELDOUT = ROOT / "calibration" / "digits" / "heldout"
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ov") / "model"
+    run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
+    ensure_artifact(out, "int8", calib=CalibOptions(check=False))
+    return ModelFolder(out)
+
+
+@pytest.fixture(scope="module")
+def heldout(digits):
+    manifest = digits.read_manifest()
+    ds = load_folder(HELDOUT, manifest.preprocess)
+    labels, why = labels_for_model(ds, manifest.num_classes)
+    assert why is None and labels is not None
+    return ds.x, labels
+
+
+@pytest.fixture(scope="module")
+def ort_fp32(digits, heldout):
+    sess = create_session(digits.onnx("fp32"))
+    return infer_in_chunks(lambda x: sess.run(None, {"pixel_values": x})[0], heldout[0])
+
+
+def _run(path, precision, x, hint=None, threads=2):
+    with OpenVinoRunner(path, precision, threads, hint) as r:
+        return r.infer_all(x), dict(r.info)
+
+
+def _acc(logits, labels):
+    return float((logits.argmax(1) == labels).mean())
+
+
+# -- the bench rows ---------------------------------------------------------------------------------------
+
+def test_int8_top1_within_one_point_of_fp32_on_the_labels(digits, heldout, ort_fp32):
+    x, labels = heldout
+    out, info = _run(digits.onnx("int8"), "int8", x)
+    acc_fp32, acc_int8 = _acc(ort_fp32, labels), _acc(out, labels)
+    assert acc_fp32 >= 0.95  # the trained model is right on its held-out digits: the oracle is meaningful
+    assert acc_fp32 - acc_int8 <= 0.01, (acc_fp32, acc_int8)
+    assert judge(compare(ort_fp32, out, labels), "int8").passed
+    # it really ran the INT8 graph: not bit-identical to FP32
+    assert np.abs(out - ort_fp32).max() > 1e-3
+    # the layers left in float run in bf16 where the CPU has it (faster), else f32
+    assert info["inference_precision"] == ("bf16" if has_bf16(cpu_capabilities()) else "f32")
+    assert info["file"] == digits.onnx("int8").name
+    f32, _ = _run(digits.onnx("int8"), "int8", x, hint="f32")
+    assert _acc(ort_fp32, labels) - _acc(f32, labels) <= 0.01
+
+
+def test_fp32_matches_onnxruntime(digits, heldout, ort_fp32):
+    out, info = _run(digits.onnx("fp32"), "fp32", heldout[0])
+    # f32 asked for explicitly: on a CPU with BF16, OpenVINO's default would be bf16 and miss this by far
+    assert np.abs(out - ort_fp32).max() < 1e-4
+    assert info["inference_precision"] == "f32" and info["performance_hint"] == "LATENCY"
+
+
+def test_bf16_row_runs_where_the_cpu_has_bf16_and_says_why_not_elsewhere(digits, heldout, ort_fp32, monkeypatch):
+    runner = OpenVinoRunner(digits.onnx("fp32"), "bf16", 2)
+    if has_bf16(cpu_capabilities()):
+        out, info = _run(digits.onnx("fp32"), "bf16", heldout[0])
+        assert info["inference_precision"] == "bf16"
+        assert 1e-4 < np.abs(out - ort_fp32).max()  # bf16 arithmetic happened
+        assert judge(compare(ort_fp32, out, heldout[1]), "bf16").passed
+    import vitexport.backends.openvino_backend as ovb
+
+    monkeypatch.setattr(ovb, "cpu_capabilities", lambda core=None: ["FP32", "INT8"])
+    with pytest.raises(BackendUnavailable, match="no BF16 arithmetic.*FP32, INT8"):
+        runner.load()
+
+
+def test_threads_are_passed_to_openvino(digits):
+    runners = {r.name: r for r in discover(digits, None, threads=1, gpu=False)}
+    assert {"openvino cpu fp32", "openvino cpu bf16", "openvino cpu int8"} <= set(runners)
+    with runners["openvino cpu int8"] as r:
+        assert r.info["threads"] == 1
+
+
+def test_missing_openvino_is_unavailable_with_the_install_line(digits, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
+    with pytest.raises(BackendUnavailable, match="pip install openvino"):
+        OpenVinoRunner(digits.onnx("fp32"), "fp32").load()
+    r = CliRunner().invoke(cli, ["openvino", str(digits.path), "--no-check", "-q"])
+    fails_cleanly(r, "pip install openvino")
+    assert r.exit_code == 4
+
+
+# -- the IR -----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def with_ir(digits, tmp_path_factory):
+    """A copy of the digits folder with all three IRs made through the CLI."""
+    folder = tmp_path_factory.mktemp("ir") / "model"
+    shutil.copytree(digits.path, folder)
+    for precision in ("fp32", "fp16", "int8"):
+        r = CliRunner().invoke(cli, ["openvino", str(folder), "--precision", precision, "-q"])
+        assert r.exit_code == 0, r.output
+        assert "Parity vs FP32: passed (360 held-out inputs" in r.output
+    return ModelFolder(folder)
+
+
+def test_ir_is_recorded_checked_and_runs_like_its_source(with_ir, heldout, ort_fp32):
+    x, labels = heldout
+    manifest = json.loads(with_ir.manifest_path.read_text())
+    sizes = {}
+    for precision in ("fp32", "fp16", "int8"):
+        kind = f"openvino-{precision}"
+        xml, weights = with_ir.onnx(kind), with_ir.ir_weights(kind)
+        rec = manifest["precisions"][kind]
+        assert rec["sha256"] == sha256_file(xml) and rec["openvino"]["weights_sha256"] == sha256_file(weights)
+        assert rec["source_sha256"] == manifest["onnx_sha256"] and rec["check"]["passed"]
+        assert rec["openvino"]["source"] == ("int8" if precision == "int8" else "fp32")
+        out, _ = _run(xml, precision, x)
+        assert _acc(ort_fp32, labels) - _acc(out, labels) <= 0.01
+        sizes[precision] = weights.stat().st_size
+    assert 0.45 < sizes["fp16"] / sizes["fp32"] < 0.55  # FP16 weights: half the bytes
+    assert sizes["int8"] < 0.5 * sizes["fp32"]  # INT8 weights
+    assert not [p.name for p in with_ir.path.iterdir() if p.name.startswith(".") and "openvino" in p.name]
+
+
+def test_ir_verifies_and_is_reused_until_its_source_changes(with_ir, tmp_path):
+    r = CliRunner().invoke(cli, ["openvino", str(with_ir.onnx("openvino-int8")), "-q"])
+    assert r.exit_code == 0 and "OpenVINO IR verified" in r.output, r.output
+    folder = tmp_path / "m"
+    shutil.copytree(with_ir.path, folder)
+    assert not ensure_artifact(folder, "openvino-int8").made  # current: kept
+    ensure_artifact(folder, "int8", calib=CalibOptions(check=False, samples=20), fresh=True)  # a new INT8 ONNX
+    again = ensure_artifact(folder, "openvino-int8")
+    assert again.made  # made from an earlier model.int8.onnx: converted again
+
+
+def _bad(with_ir, tmp_path, damage):
+    folder = tmp_path / "m"
+    shutil.copytree(with_ir.path, folder)
+    xml = ModelFolder(folder).onnx("openvino-fp32")
+    damage(xml, xml.with_suffix(".bin"))
+    r = CliRunner().invoke(cli, ["openvino", str(xml), "-q"])
+    assert len([line for line in r.output.splitlines() if line.strip()]) == 1, r.output  # one sentence
+    return r
+
+
+def test_ir_without_its_bin_is_refused(with_ir, tmp_path):
+    r = _bad(with_ir, tmp_path, lambda xml, b: b.unlink())
+    fails_cleanly(r, "model.openvino.fp32.bin, which is missing")
+
+
+def test_truncated_bin_is_refused(with_ir, tmp_path):
+    r = _bad(with_ir, tmp_path, lambda xml, b: b.write_bytes(b.read_bytes()[: b.stat().st_size // 2]))
+    fails_cleanly(r, "is truncated")
+    r = _bad(with_ir, tmp_path / "2", lambda xml, b: b.write_bytes(b.read_bytes()[:-4]))  # a few bytes short
+    fails_cleanly(r, "truncated")
+
+
+def test_damaged_bin_is_refused(with_ir, tmp_path):
+    def flip(xml, weights):
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        weights.write_bytes(bytes(data))
+
+    r = _bad(with_ir, tmp_path, flip)
+    fails_cleanly(r, "comes with a model.openvino.fp32.bin that does not match its record")
+
+
+def test_ir_of_another_model_is_refused(with_ir, tiny_default, tmp_path):
+    other = tmp_path / "tiny"
+    shutil.copytree(tiny_default / "models" / "vit_tiny_patch16_224-32x32", other)
+    make_ir(ModelFolder(other), "openvino-fp32", CalibOptions(check=False))
+
+    def swap(xml, weights):
+        for f in (xml, weights):
+            shutil.copyfile(other / f.name, f)
+
+    r = _bad(with_ir, tmp_path, swap)
+    fails_cleanly(r, "model.openvino.fp32.xml does not match its record in manifest.json")
+
+
+def test_not_an_ir_is_refused(with_ir, tmp_path):
+    r = _bad(with_ir, tmp_path, lambda xml, b: xml.write_text("<html>not a model</html>"))
+    fails_cleanly(r, "is not an OpenVINO IR")
+
+
+def test_a_failed_check_keeps_the_previous_ir_and_leaves_no_temporaries(with_ir, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(with_ir.path, folder)
+    mf = ModelFolder(folder)
+    before = sha256_file(mf.onnx("openvino-int8"))
+    impossible = CalibOptions(thresholds=Thresholds(cos_min=1.0000001))
+    with pytest.raises(ParityError, match="kept it as model.openvino.int8.rejected.xml"):
+        make_ir(mf, "openvino-int8", impossible)
+    assert sha256_file(mf.onnx("openvino-int8")) == before
+    assert mf.rejected("openvino-int8").is_file() and mf.rejected("openvino-int8").with_suffix(".bin").is_file()
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".") and "openvino" in p.name]
+
+
+def test_an_interrupted_conversion_leaves_nothing_half_written(with_ir, tmp_path, monkeypatch):
+    import openvino
+
+    folder = tmp_path / "m"
+    shutil.copytree(with_ir.path, folder)
+    mf = ModelFolder(folder)
+    before = {p.name: sha256_file(p) for p in folder.iterdir() if p.is_file()}
+
+    def dies_halfway(model, path, compress_to_fp16=True):
+        with open(str(path), "w") as f:
+            f.write("<net")  # a partial .xml, then the process is interrupted
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(openvino, "save_model", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        make_ir(mf, "openvino-fp32", CalibOptions(check=False))
+    assert {p.name: sha256_file(p) for p in folder.iterdir() if p.is_file()} == before
