@@ -114,7 +114,7 @@ def run_export(spec: ModelSpec, output: Path | None = None, opts: ExportOptions 
     for n in built.notes:
         log.warn(n) if ("untrained" in n or "meaningless" in n or "dropped" in n) else log.info(n)
     folder = _target(spec, output, built)
-    with writing(folder, log):
+    with writing(folder, log, temporaries=False):  # torch keeps its own cache under the system's temp folder
         return _export_into(folder, spec, built, opts, log)
 
 

@@ -203,8 +203,12 @@ def _private_tempdir(folder: ModelFolder) -> Path | None:
 
 
 @contextmanager
-def writing(folder: ModelFolder, log: Log = QUIET) -> Iterator[ModelFolder]:
-    """Hold the folder's lock: remove dead runs' leftovers first, keep temporaries inside, clean up after."""
+def writing(folder: ModelFolder, log: Log = QUIET, temporaries: bool = True) -> Iterator[ModelFolder]:
+    """Hold the folder's lock: remove dead runs' leftovers first, keep temporaries inside, clean up after.
+
+    temporaries: point tempfile into the folder meanwhile. The export passes False: torch derives its compile
+    cache folder from tempfile and reuses it for the rest of the process, so it must not be ours to remove.
+    """
     key = str(folder.path.resolve())
     if key in _held:  # nested in this process: already ours
         _held[key].depth += 1
@@ -217,7 +221,7 @@ def writing(folder: ModelFolder, log: Log = QUIET) -> Iterator[ModelFolder]:
     try:
         _write_owner(folder)
         remove_debris(find_debris(folder), log)
-        tmpdir = _private_tempdir(folder)
+        tmpdir = _private_tempdir(folder) if temporaries else None
     except BaseException:
         lock.release()
         raise
