@@ -151,7 +151,7 @@ MODEL = OptionGroup(
     "spec",
     lambda: [
         opt("--model", "-m", "variant", default=None, type=ModelName(),
-             help=f"Named ViT variant (timm's names: {', '.join(VARIANTS)}), or timm's tagged name "
+             help=f"Named ViT variant (timm's names; `vitexport onnx --help` lists them), or timm's tagged name "
                   f"(vit_base_patch16_224.augreg2_in21k_ft_in1k: its weights from timm/<name> on the Hugging Face "
                   f"hub). Default: {DEFAULT_VARIANT}, or the -c hub checkpoint's."),
         opt("--checkpoint", "-c", type=CheckpointRef(), default=None,
