@@ -18,7 +18,7 @@ from .manifest import Manifest
 from .paths import artifacts_dir
 from .progress import QUIET, Log
 from .verify import BROKEN, MISSING, OK, STALE, UNRECORDED, FileCheck, check_folder
-from .workspace import Debris, find_debris, remove_debris, writing
+from .workspace import Debris, find_debris, reading, remove_debris, writing
 
 
 @dataclass
@@ -58,12 +58,14 @@ def folder_status(folder: ModelFolder) -> FolderStatus:
     """The folder's manifest and every file checked against it (one sentence when the manifest cannot be read)."""
     if not folder.path.is_dir():
         raise VitexportError(f"{folder.path} is not a folder.")
-    manifest = folder.read_manifest()
-    checks = check_folder(folder, manifest)
-    orphans = [folder.sidecar(p) for p in PLAN_PRECISIONS if folder.sidecar(p).is_file() and not folder.plan(p).is_file()]
+    with reading(folder) as debris:  # not halfway through another run's write
+        manifest = folder.read_manifest()
+        checks = check_folder(folder, manifest)
+        orphans = [folder.sidecar(p) for p in PLAN_PRECISIONS
+                   if folder.sidecar(p).is_file() and not folder.plan(p).is_file()]
     rejected = [folder.rejected(k) for k in ARTIFACTS if k != "fp32" and folder.rejected(k).is_file()]
     caches = sorted(folder.calib_cache_dir.glob("*.json")) if folder.calib_cache_dir.is_dir() else []
-    return FolderStatus(folder, manifest, checks, orphans, rejected, caches, find_debris(folder))
+    return FolderStatus(folder, manifest, checks, orphans, rejected, caches, debris)
 
 
 def model_folders(root: Path | None = None) -> list[ModelFolder]:
