@@ -384,6 +384,19 @@ def test_a_bug_is_one_line_that_says_how_to_report_it(folder, monkeypatch):
     _one_sentence(_run("info", folder), 70, "Internal error (KeyError", "--debug")
 
 
+def test_an_os_error_that_reaches_a_command_names_the_real_file(folder, monkeypatch):
+    import errno
+
+    import vitexport.status as status
+
+    def full(_folder):
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / ".model.fp16.onnx.vx12-abcd.onnx"))
+
+    monkeypatch.setattr(status, "folder_status", full)
+    last = _one_sentence(_run("info", folder), 2, f"{folder / 'model.fp16.onnx'}: no space is left on the device")
+    assert ".vx" not in last
+
+
 def test_ctrl_c_keeps_nothing_partial(folder, monkeypatch):
     import vitexport.precision.prepare as prepare
 

@@ -64,10 +64,14 @@ def public_path(name: str | os.PathLike | None) -> str:
 
 
 def _os_error_sentence(e: OSError) -> str:
+    import errno
+
     from ..paths import write_reason
 
     where = public_path(e.filename)
-    why = write_reason(e)
+    # the file system's limits read the same for any file; permissions are said as the system says them
+    why = write_reason(e) if e.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT, errno.EROFS) else \
+        (e.strerror or str(e)).rstrip(".").lower()
     return f"{where}: {why}." if where else f"{why[:1].upper()}{why[1:]}."
 
 
