@@ -241,10 +241,14 @@ def _release(key: str, folder: ModelFolder) -> None:
         os.environ.pop("TMPDIR", None)
     else:
         os.environ["TMPDIR"] = session.saved[1]
-    if session.tmpdir is not None:
-        shutil.rmtree(session.tmpdir, ignore_errors=True)
-    folder.owner_path.unlink(missing_ok=True)
-    session.lock.release()  # type: ignore[attr-defined]
+    try:
+        if session.tmpdir is not None:
+            shutil.rmtree(session.tmpdir, ignore_errors=True)
+        folder.owner_path.unlink(missing_ok=True)
+    except OSError:  # a folder made read-only meanwhile: the next writer overwrites the owner file
+        pass
+    finally:
+        session.lock.release()  # type: ignore[attr-defined]
 
 
 def is_writing(folder: ModelFolder) -> bool:
