@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from vitexport.cli import cli
 from vitexport.export import run_export
+from vitexport.folder import LOCK_NAME
 from vitexport.precision.qdq import trt_int8_invariants
 from vitexport.spec import ModelSpec
 from vitexport.variants import DIGITS_VARIANT
@@ -34,7 +35,7 @@ def test_trt_without_tensorrt_prepares_onnx_then_exits_4(digits, tmp_path, flag,
     assert (folder / made).is_file()
     last = r.output.strip().splitlines()[-1]
     assert last.startswith("Error: TensorRT is not installed") and "vitexport[trt]" in last
-    assert not list(folder.glob("*.plan")) and not list(folder.glob(".*"))
+    assert not list(folder.glob("*.plan")) and [p.name for p in folder.glob(".*")] == [LOCK_NAME]  # nothing partial
     onnx.checker.check_model(str(folder / made), full_check=True)
     if flag == "--int8":  # the graph TensorRT fuses: Q/DQ on GEMM inputs only, FP16 everywhere else
         inv = trt_int8_invariants(onnx.load(str(folder / made)))
