@@ -13,8 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..environment import openvino_cpu
 from ..errors import BackendUnavailable
 from .base import Runner
