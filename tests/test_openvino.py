@@ -161,6 +161,19 @@ def test_ir_verifies_and_is_reused_until_its_source_changes(with_ir, tmp_path):
     assert again.made  # made from an earlier model.int8.onnx: converted again
 
 
+def test_info_clean_removes_a_stale_ir_with_its_bin(with_ir, tmp_path):
+    from vitexport.status import clean
+
+    folder = tmp_path / "m"
+    shutil.copytree(with_ir.path, folder)
+    mf = ModelFolder(folder)
+    ensure_artifact(folder, "int8", calib=CalibOptions(check=False, samples=20), fresh=True)  # the IR is now stale
+    mf.onnx("openvino-fp16").unlink()  # leaves a .bin whose .xml is gone
+    removed = {p.name for p in clean(mf)}
+    assert removed == {"model.openvino.int8.xml", "model.openvino.int8.bin", "model.openvino.fp16.bin"}
+    assert mf.onnx("openvino-fp32").is_file() and mf.ir_weights("openvino-fp32").is_file()  # current: kept
+
+
 def _bad(with_ir, tmp_path, damage):
     folder = tmp_path / "m"
     shutil.copytree(with_ir.path, folder)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import VitexportError
-from .folder import ARTIFACTS, PLAN_PRECISIONS, ModelFolder
+from .folder import ARTIFACTS, IR_SOURCE, PLAN_PRECISIONS, ModelFolder
 from .manifest import Manifest
 from .paths import artifacts_dir
 from .progress import QUIET, Log
@@ -50,6 +50,8 @@ class FolderStatus:
             files.append(c.path)
             if c.kind.startswith("plan:"):
                 files.append(self.folder.sidecar(c.kind.split(":", 1)[1]))
+            if c.kind in IR_SOURCE:  # an OpenVINO IR's .bin goes with its .xml
+                files.append(self.folder.ir_weights(c.kind))
         files += self.orphans + [d.path for d in self.debris if not d.alive]
         return [p for p in dict.fromkeys(files) if p.exists()]
 
@@ -63,6 +65,8 @@ def folder_status(folder: ModelFolder) -> FolderStatus:
         checks = check_folder(folder, manifest)
         orphans = [folder.sidecar(p) for p in PLAN_PRECISIONS
                    if folder.sidecar(p).is_file() and not folder.plan(p).is_file()]
+        orphans += [folder.ir_weights(k) for k in IR_SOURCE  # an IR's .bin without its .xml
+                    if folder.ir_weights(k).is_file() and not folder.onnx(k).is_file()]
     rejected = [folder.rejected(k) for k in ARTIFACTS if k != "fp32" and folder.rejected(k).is_file()]
     caches = sorted(folder.calib_cache_dir.glob("*.json")) if folder.calib_cache_dir.is_dir() else []
     return FolderStatus(folder, manifest, checks, orphans, rejected, caches, debris)
