@@ -144,6 +144,7 @@ def test_uint8_input_normalises_inside_the_graph(digits, tmp_path):
     cfg = parse(model)
     assert model_config_pb2.DataType.Name(cfg.input[0].data_type) == "TYPE_UINT8"
     assert_agrees_with_onnx(cfg, model.model("onnx"))
+    onnx.checker.check_model(str(model.model("onnx")), full_check=True)  # a graph we wrote: valid for onnx itself
     pp = digits.read_manifest().preprocess
     files = sorted(HELDOUT.rglob("*.png"))[::40]
     pixels = np.stack([np.asarray(resize_and_crop(Image.open(f), pp)).transpose(2, 0, 1) for f in files])
