@@ -122,12 +122,13 @@ def write_cached_ranges(cache: Path, amax: dict[str, float], method: str, sample
     write_text_atomic(cache, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
-def selection_for(fp32: Path, settings, exclude: list[str]) -> GemmSelection:
+def selection_for(fp32: Path, settings) -> GemmSelection:
+    """The GEMMs to quantize for these settings, read from one load of the FP32 graph."""
     import onnx
 
     graph = onnx.load(str(fp32), load_external_data=False).graph
-    return select_gemms(graph, set(exclude), quantize_attention=settings.quantize_attention,
-                        skip_matrix_vector=True)
+    return select_gemms(graph, set(resolve_exclusions(graph, settings)),
+                        quantize_attention=settings.quantize_attention, skip_matrix_vector=True)
 
 
 def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, selection: GemmSelection, settings,
@@ -189,11 +190,9 @@ def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax:
     return inv
 
 
-def resolve_exclusions(fp32: Path, settings) -> list[str]:
+def resolve_exclusions(graph, settings) -> list[str]:
     """--exclude-node / --exclude-block as node names of the graph; an unknown name is one sentence."""
-    import onnx
-
-    names = [n.name for n in onnx.load(str(fp32), load_external_data=False).graph.node]
+    names = [n.name for n in graph.node]
     out = []
     for name in settings.exclude_nodes:
         if name not in names:

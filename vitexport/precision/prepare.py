@@ -19,7 +19,7 @@ from ..manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecor
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir
 from ..progress import QUIET, Log
 from .convert import convert_fp16, graph_precision
-from .int8 import INT8_KINDS, calibration_key, calibration_set, ranges, resolve_exclusions, selection_for, write_int8
+from .int8 import INT8_KINDS, calibration_key, calibration_set, ranges, selection_for, write_int8
 from .settings import CalibOptions
 
 CONVERTERS = ("fp16", *INT8_KINDS)  # the ARTIFACTS kinds this step makes
@@ -124,7 +124,7 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
     if opts.samples is not None and data.count < opts.samples:
         log.warn(f"Asked for {opts.samples} calibration inputs, {calib_root} has only {data.count}: using {data.count}.")
     settings = opts.int8
-    selection = selection_for(fp32, settings, resolve_exclusions(fp32, settings))
+    selection = selection_for(fp32, settings)
     with log.step(f"Hashing {data.count} calibration inputs for the cache key"):
         key = calibration_key(fp32_sha, data, manifest.preprocess.to_dict(), settings.to_dict())
     amax, reused = ranges(fp32, data, manifest.preprocess, manifest.input_name, selection, settings,
