@@ -8,7 +8,8 @@ from pathlib import Path
 from ..errors import VitexportError
 
 
-def create_session(path: Path | str, providers: list[str] | None = None, threads: int | None = None):
+def create_session(path: Path | str | bytes, providers: list[str] | None = None, threads: int | None = None):
+    """A session on a model file, or on a serialized model (bytes: e.g. a graph rewritten in memory)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -17,7 +18,9 @@ def create_session(path: Path | str, providers: list[str] | None = None, threads
         so.intra_op_num_threads = threads
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     try:
-        return ort.InferenceSession(os.fspath(path), sess_options=so, providers=providers or ["CPUExecutionProvider"])
+        model = path if isinstance(path, bytes) else os.fspath(path)
+        return ort.InferenceSession(model, sess_options=so, providers=providers or ["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise VitexportError(f"ONNX Runtime could not load {path}: {first[:300]}") from None
+        what = "the model" if isinstance(path, bytes) else str(path)
+        raise VitexportError(f"ONNX Runtime could not load {what}: {first[:300]}") from None

@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ..backends.ort_session import create_session
 from ..errors import VitexportError
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
@@ -178,7 +179,7 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
     if not 0 < percentile <= 100:
         raise VitexportError(f"The calibration percentile must be in (0, 100], got {percentile}.")
     t0 = time.perf_counter()
-    sess = _session(observed_model_bytes(Path(model_path), tensors), threads)
+    sess = create_session(observed_model_bytes(Path(model_path), tensors), threads=threads)
     collectors = {t: _Collector(method, percentile) for t in tensors}
     n = 0
     for x in batches:
@@ -194,16 +195,3 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
     amax = {t: float(c.result()) for t, c in collectors.items()}
     return CalibrationStats(amax, n, time.perf_counter() - t0)
 
-
-def _session(model: bytes, threads: int | None):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads = threads
-    try:
-        return ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # onnxruntime's own exception types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise VitexportError(f"ONNX Runtime could not load the model for calibration: {first[:300]}") from None

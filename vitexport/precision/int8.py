@@ -177,13 +177,16 @@ def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax:
     import onnx
 
     if kind == "int8-trt":
-        write_trt_int8(fp32, dst, selection, amax)
+        model = write_trt_int8(fp32, dst, selection, amax)
     elif kind == "int8":
-        model = insert_qdq(onnx.load(str(fp32)), onnx.load(str(fp32)), selection, amax, np.float32)
+        source = onnx.load(str(fp32))
+        copy = onnx.ModelProto()
+        copy.CopyFrom(source)
+        model = insert_qdq(source, copy, selection, amax, np.float32)
         save_checked(model, dst, "INT8")
     else:
         raise VitexportError(f"Unknown INT8 kind {kind!r}; choose one of: {', '.join(INT8_KINDS)}.")
-    inv = trt_int8_invariants(onnx.load(str(dst)))
+    inv = trt_int8_invariants(model)  # the graph just written, not read back
     if inv["nonzero_zero_points"]:
         raise VitexportError("Quantization produced non-zero zero points, which TensorRT rejects.")
     inv["quantized_gemms"] = len(selection.nodes)

@@ -203,13 +203,17 @@ def _set_opset(model, version: int) -> None:
             op.version = version
 
 
-def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]) -> None:
-    """model.onnx + calibrated ranges -> the TensorRT-shaped INT8 ONNX at `dst` (checked by onnx.checker)."""
+def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]):
+    """model.onnx + calibrated ranges -> the TensorRT-shaped INT8 ONNX at `dst` (checked by onnx.checker);
+    returns the graph written."""
     import onnx
 
     fp32 = onnx.load(str(fp32_path))
-    model = insert_qdq(fp32, fp16_everywhere(onnx.load(str(fp32_path))), selection, amax)  # converts in place
+    copy = onnx.ModelProto()
+    copy.CopyFrom(fp32)
+    model = insert_qdq(fp32, fp16_everywhere(copy), selection, amax)  # the copy is converted in place
     save_checked(model, dst, "TensorRT INT8")
+    return model
 
 
 # -- invariants (what tests and `vitexport info` check) ------------------------------------------------------
