@@ -23,10 +23,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from vitexport.folder import ModelFolder
+from vitexport.artifacts.folder import ModelFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURE = ("import json, resource, subprocess, sys, time; t = time.perf_counter(); "
@@ -131,8 +130,8 @@ def _save_inputs(model: Path, images: Path, n: int, dst: Path) -> None:
     """The same n images, preprocessed by vitexport, for ModelOpt (which takes an array)."""
     import numpy as np
 
-    from vitexport.data import list_images, load_image, select
-    from vitexport.folder import ModelFolder
+    from vitexport.artifacts.folder import ModelFolder
+    from vitexport.data.images import list_images, load_image, select
 
     pp = ModelFolder(model).read_manifest().preprocess
     files = select(list_images(images), n)

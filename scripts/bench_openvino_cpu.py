@@ -25,10 +25,10 @@ import numpy as np
 
 from vitexport.backends.base import infer_in_chunks
 from vitexport.backends.openvino_backend import OpenVinoRunner, cpu_capabilities, has_bf16
-from vitexport.compare import compare
-from vitexport.data import load_folder
+from vitexport.data.images import load_folder
 from vitexport.ensure import ensure_artifact, open_model
 from vitexport.environment import cpu_flags, cpu_model
+from vitexport.parity.compare import compare
 from vitexport.paths import default_heldout_dir
 from vitexport.precision import CalibOptions
 from vitexport.progress import Log

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vitexport.artifacts.folder import ModelFolder
+from vitexport.artifacts.sidecar import read_sidecar
 from vitexport.errors import VitexportError
-from vitexport.folder import ModelFolder
-from vitexport.tensorrt_engine.sidecar import read_sidecar
 
 
 def opt_batch(model_dir: Path) -> int:

@@ -8,13 +8,13 @@ What it does (and what it writes, relative to --out-root, the repository root by
 2. Split stratified, 20% held out: train_test_split(indices, test_size=0.2, stratify=y, random_state=0).
 3. Train build_model(get_variant("vit_digits_patch4_32").config(), seed) with AdamW + warmup/cosine schedule,
    label smoothing and random +-1 px shifts in the 8x8 domain. Every input goes through
-   vitexport.data.preprocess_image -- the inference-time preprocessing -- so train and eval cannot disagree.
+   vitexport.data.images.preprocess_image -- the inference-time preprocessing -- so train and eval cannot disagree.
 4. Write
      calibration/digits/heldout/<class>/<index>.png   the held-out split (index = position in load_digits())
      calibration/digits/calib/<index>.png             200 training images (20 per class) for INT8 calibration
      models/digits/vit_digits_patch4_32.safetensors   the FP32 state dict
      models/digits/README.md, calibration/digits/README.md
-5. Reload the held-out PNGs from disk with vitexport.data.load_folder and report top-1 accuracy on them.
+5. Reload the held-out PNGs from disk with vitexport.data.images.load_folder and report top-1 accuracy on them.
 
     python scripts/train_digits.py                     # the shipped fixture
     python scripts/train_digits.py --epochs 1 --out-root /tmp/digits   # a quick smoke run elsewhere
@@ -40,10 +40,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from vitexport.data import load_folder, preprocess_image  # noqa: E402
-from vitexport.model import build_model, count_params  # noqa: E402
+from vitexport.data.images import load_folder, preprocess_image  # noqa: E402
+from vitexport.model.variants import DIGITS_VARIANT, SIZES, get_variant  # noqa: E402
+from vitexport.model.vit import build_model, count_params  # noqa: E402
 from vitexport.paths import DIGITS_CALIB, DIGITS_CHECKPOINT, DIGITS_HELDOUT  # noqa: E402
-from vitexport.variants import DIGITS_VARIANT, SIZES, get_variant  # noqa: E402
 
 SPLIT_RANDOM_STATE = 0  # fixed: the shipped split does not depend on --seed
 TEST_SIZE = 0.2
@@ -301,7 +301,7 @@ def models_readme(*, cmd, args, D, depth, heads, mlp, n_params, size, acc, n_cor
     return f"""# vit_digits_patch4_32 — trained digits ViT (labelled accuracy fixture)
 
 `vit_digits_patch4_32.safetensors` is a small Vision Transformer of this project's own architecture
-(`vitexport.model.VisionTransformer`, timm-compatible parameter names) trained on scikit-learn's
+(`vitexport.model.vit.VisionTransformer`, timm-compatible parameter names) trained on scikit-learn's
 handwritten digits. It gives the export toolchain a real, labelled accuracy reference: FP32, exported and
 quantised models can all be scored on `calibration/digits/heldout`.
 
@@ -322,15 +322,15 @@ Load it with
 
 ```python
 from safetensors.torch import load_file
-from vitexport.model import build_model
-from vitexport.variants import get_variant
+from vitexport.model.vit import build_model
+from vitexport.model.variants import get_variant
 
 v = get_variant("vit_digits_patch4_32")
 model = build_model(v.config())
 model.load_state_dict(load_file("models/digits/vit_digits_patch4_32.safetensors"), strict=True)
 ```
 
-and feed it images through `vitexport.data.preprocess_image(img, v.preprocess())` (or `load_folder`).
+and feed it images through `vitexport.data.images.preprocess_image(img, v.preprocess())` (or `load_folder`).
 
 ## Data and split
 
@@ -354,7 +354,7 @@ used for training, model selection or calibration.
 - cross-entropy with label smoothing {args.label_smoothing:g}
 - augmentation: a random whole-pixel shift in {{-1, 0, 1}}^2 of the 8x8 image (background fill) on 2/3
   of the samples; no flips or rotations
-- every training input is produced by `vitexport.data.preprocess_image` from the 8x8 PIL image — the same
+- every training input is produced by `vitexport.data.images.preprocess_image` from the 8x8 PIL image — the same
   function inference uses — so training and evaluation preprocessing cannot differ
 - training (the epoch loop) took {train_seconds:.0f} s wall clock in the run that wrote this file, with
   {args.threads} torch CPU threads on a {os.cpu_count()}-core {cpu_name()} shared with other work (so the figure
@@ -363,7 +363,7 @@ used for training, model selection or calibration.
 ## Held-out accuracy (FP32)
 
 **{acc * 100:.2f}% top-1** ({n_correct}/{n_test}), measured by reloading the shipped PNGs in
-`calibration/digits/heldout/` with `vitexport.data.load_folder` (i.e. the shipped files through the shipped
+`calibration/digits/heldout/` with `vitexport.data.images.load_folder` (i.e. the shipped files through the shipped
 preprocessing).
 
 Per class: {per}
@@ -403,7 +403,7 @@ Calibration images never come from the held-out split, so quantised accuracy mea
 not flattered by calibration.
 
 Each PNG is the 8x8 image as 8-bit grayscale: the dataset's integer values 0..16 scaled by
-`round(value * 255 / 16)` (0 = background, 255 = full ink). `vitexport.data.preprocess_image` turns it into the
+`round(value * 255 / 16)` (0 = background, 255 = full ink). `vitexport.data.images.preprocess_image` turns it into the
 model input (RGB, bilinear upscale to 32x32, mean = std = 0.5).
 
 ## Split

@@ -19,8 +19,8 @@ def in_tmp(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_default(tmp_path_factory):
     """A tiny model exported to its default folder (models/vit_tiny_patch16_224-32x32) under a scratch directory."""
-    from vitexport.export import run_export
-    from vitexport.spec import ModelSpec
+    from vitexport.export.run import run_export
+    from vitexport.model.spec import ModelSpec
 
     root = tmp_path_factory.mktemp("work")
     old = os.getcwd()

@@ -10,23 +10,23 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import ROOT, fails_cleanly
 from onnx import numpy_helper
 
+from vitexport.artifacts.folder import ModelFolder
 from vitexport.backends.base import Runner
-from vitexport.bench import discover
+from vitexport.bench.run import discover
 from vitexport.cli import cli
-from vitexport.compare import compare, judge
-from vitexport.data import load_folder
+from vitexport.data.images import load_folder
 from vitexport.ensure import ensure_artifact
 from vitexport.errors import BackendUnavailable
-from vitexport.export import run_export
-from vitexport.folder import ModelFolder, sha256_file
+from vitexport.export.run import run_export
+from vitexport.export.torch_model import model_from_manifest
+from vitexport.model.spec import ModelSpec
+from vitexport.model.variants import DIGITS_VARIANT
+from vitexport.parity.compare import compare, judge
+from vitexport.paths import sha256_file
 from vitexport.precision import CalibOptions
-from vitexport.pytorch_model import model_from_manifest
-from vitexport.spec import ModelSpec
-from vitexport.variants import DIGITS_VARIANT
-
-from conftest import ROOT, fails_cleanly
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 CPU_BACKENDS = {"pytorch cpu fp32", "pytorch cpu bf16", "onnxruntime cpu fp32", "onnxruntime cpu fp16",

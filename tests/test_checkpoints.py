@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from timm.models.vision_transformer import VisionTransformer as TimmViT, _load_weights
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+from timm.models.vision_transformer import _load_weights
 
-from vitexport.checkpoints import load_checkpoint, load_into
 from vitexport.errors import VitexportError
-from vitexport.model import ViTConfig, VisionTransformer
+from vitexport.model.checkpoints import load_checkpoint, load_into
+from vitexport.model.vit import VisionTransformer, ViTConfig
 
 TINY = dict(embed_dim=64, depth=2, num_heads=4, img_size=32, patch_size=8, num_classes=7)
 

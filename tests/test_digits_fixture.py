@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from vitexport.data import list_images, load_folder
-from vitexport.model import build_model
+from vitexport.data.images import list_images, load_folder
+from vitexport.model.variants import DIGITS_VARIANT, get_variant
+from vitexport.model.vit import build_model
 from vitexport.paths import DIGITS_CALIB, DIGITS_CHECKPOINT, DIGITS_HELDOUT
-from vitexport.variants import DIGITS_VARIANT, get_variant
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT = ROOT.joinpath(*DIGITS_CHECKPOINT)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from conftest import ROOT
-from vitexport.compare import DEFAULT_THRESHOLDS
+
+from vitexport.parity.compare import DEFAULT_THRESHOLDS
 
 DOC = ROOT / "docs" / "TENSORRT.md"
 COLUMNS = {"max abs": "max_abs", "min cosine": "cos_min", "mean cosine": "cos_mean",

@@ -6,15 +6,14 @@ import shutil
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import fails_cleanly
 
+from vitexport.artifacts.folder import ARTIFACTS, ModelFolder
 from vitexport.cli import cli
 from vitexport.ensure import MAKERS, ensure_artifact, open_model
 from vitexport.errors import VitexportError
-from vitexport.folder import ARTIFACTS, ModelFolder
+from vitexport.model.spec import ModelSpec
 from vitexport.precision import CalibOptions
-from vitexport.spec import ModelSpec
-
-from conftest import fails_cleanly
 
 TINY = ModelSpec(variant="vit_tiny_patch16_224", img_size=(32, 32))
 

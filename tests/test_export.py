@@ -7,13 +7,12 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import fails_cleanly
 
+from vitexport.artifacts.folder import LOCK_NAME, ModelFolder
 from vitexport.backends.ort_session import create_session
 from vitexport.cli import cli
-from vitexport.folder import LOCK_NAME, ModelFolder
-from vitexport.pytorch_model import model_from_manifest
-
-from conftest import fails_cleanly
+from vitexport.export.torch_model import model_from_manifest
 
 
 def _run(*args):
@@ -48,7 +47,8 @@ def test_tiny_export_non_square_any_batch(in_tmp):
 
 
 def test_checkpoint_at_new_size_is_baked(in_tmp):
-    from timm.models.vision_transformer import VisionTransformer as TimmViT, checkpoint_filter_fn
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    from timm.models.vision_transformer import checkpoint_filter_fn
 
     torch.manual_seed(0)
     src = TimmViT(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3).eval()
@@ -113,7 +113,7 @@ def test_failed_parity_keeps_previous_model(in_tmp, monkeypatch):
     assert ok.exit_code == 0
     path = in_tmp / "models" / "vit_tiny_patch16_224-32x32" / "model.onnx"
     before = path.read_bytes()
-    import vitexport.onnx_check as check
+    import vitexport.export.check as check
     real = check.compare
 
     def skewed(ref, out, labels=None):
@@ -144,7 +144,7 @@ def test_python_dash_m(in_tmp):
 
 def test_large_models_use_external_data(in_tmp, monkeypatch):
     """Models over protobuf's 2 GB cap are written with external data; shown here by lowering the cap."""
-    import vitexport.onnx_export as ex
+    import vitexport.export.to_onnx as ex
     monkeypatch.setattr(ex, "PROTOBUF_LIMIT", 1024)
     r = _run("onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-q")
     assert r.exit_code == 0, r.output

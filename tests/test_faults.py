@@ -22,21 +22,21 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from conftest import ROOT
 from filelock import FileLock
 from PIL import Image
 
 import vitexport.preflight as preflight
+from vitexport.artifacts.folder import LOCK_NAME, ModelFolder, onnx_digest
+from vitexport.artifacts.verify import check_onnx
+from vitexport.artifacts.workspace import find_debris
 from vitexport.cli import cli
 from vitexport.ensure import ensure_artifact
-from vitexport.export import run_export
-from vitexport.folder import LOCK_NAME, ModelFolder, onnx_digest, sha256_file
+from vitexport.export.run import run_export
+from vitexport.model.spec import ModelSpec
+from vitexport.model.variants import DIGITS_VARIANT
+from vitexport.paths import sha256_file
 from vitexport.precision import CalibOptions
-from vitexport.spec import ModelSpec
-from vitexport.variants import DIGITS_VARIANT
-from vitexport.verify import check_onnx
-from vitexport.workspace import find_debris
-
-from conftest import ROOT
 
 DIGITS = ["-m", DIGITS_VARIANT]
 CHECKPOINT = ROOT / "models" / "digits" / "vit_digits_patch4_32.safetensors"
@@ -375,7 +375,7 @@ def test_debug_shows_the_library_traceback(tmp_path):
 
 
 def test_a_bug_is_one_line_that_says_how_to_report_it(folder, monkeypatch):
-    import vitexport.status as status
+    import vitexport.artifacts.status as status
 
     def broken(_folder):
         raise KeyError("oops")
@@ -387,7 +387,7 @@ def test_a_bug_is_one_line_that_says_how_to_report_it(folder, monkeypatch):
 def test_an_os_error_that_reaches_a_command_names_the_real_file(folder, monkeypatch):
     import errno
 
-    import vitexport.status as status
+    import vitexport.artifacts.status as status
 
     def full(_folder):
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / ".model.fp16.onnx.vx12-abcd.onnx"))

@@ -5,9 +5,10 @@ import json
 
 import pytest
 
+from vitexport.artifacts.folder import ARTIFACTS, PLAN_SOURCE, ModelFolder, onnx_digest
+from vitexport.artifacts.manifest import FORMAT, Manifest, read_manifest, write_manifest
 from vitexport.errors import VitexportError
-from vitexport.folder import ARTIFACTS, PLAN_SOURCE, ModelFolder, onnx_digest, sha256_file
-from vitexport.manifest import FORMAT, Manifest, read_manifest, write_manifest
+from vitexport.paths import sha256_file
 
 
 def test_paths_of_every_artifact(tmp_path):

@@ -7,22 +7,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import fake_tensorrt
 import numpy as np
 import pytest
 import torch
-
-import fake_tensorrt
 from test_engine_info import INT8_10X
 from test_tensorrt_engine import H200, _sidecar
+
+from vitexport.artifacts.folder import ModelFolder
+from vitexport.artifacts.sidecar import write_sidecar
 from vitexport.backends import cuda_stream as cuda_stream_module
 from vitexport.backends import tensorrt as trt_runner_module
 from vitexport.backends.base import Runner
 from vitexport.backends.tensorrt import TensorRTRunner
+from vitexport.bench.latency import measure_latency
 from vitexport.errors import BackendUnavailable
-from vitexport.folder import ModelFolder
-from vitexport.latency import measure_latency
 from vitexport.tensorrt_engine.options import BuildOptions
-from vitexport.tensorrt_engine.sidecar import write_sidecar
 
 
 class RecordingStream:

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import ROOT, fails_cleanly
 from safetensors.torch import load_file, save_file
 
-from conftest import ROOT, fails_cleanly
+from vitexport.artifacts.folder import ModelFolder
 from vitexport.cli import cli
 from vitexport.errors import VitexportError
-from vitexport.folder import ModelFolder
-from vitexport.hub import HubRef, origin, parse_ref
-from vitexport.labels import class_names
-from vitexport.spec import user_spec
+from vitexport.model.hub import HubRef, origin, parse_ref
+from vitexport.model.labels import class_names
+from vitexport.model.spec import user_spec
 
 TINY_REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 DIGITS_WEIGHTS = ROOT / "models" / "digits" / "vit_digits_patch4_32.safetensors"

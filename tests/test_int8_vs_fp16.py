@@ -6,12 +6,12 @@ import importlib.util
 import json
 
 import pytest
-
 from conftest import ROOT
 from test_tensorrt_engine import _sidecar
+
+from vitexport.artifacts.folder import ModelFolder
+from vitexport.artifacts.sidecar import write_sidecar
 from vitexport.errors import VitexportError
-from vitexport.folder import ModelFolder
-from vitexport.tensorrt_engine.sidecar import write_sidecar
 
 _spec = importlib.util.spec_from_file_location("int8_vs_fp16", ROOT / "scripts" / "int8_vs_fp16.py")
 script = importlib.util.module_from_spec(_spec)

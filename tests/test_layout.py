@@ -1,5 +1,5 @@
 """Rules about the code's shape that keep it easy to read: short functions and modules, and every artifact file
-name spelled in one module (vitexport/folder.py)."""
+name spelled in one module (vitexport/artifacts/folder.py)."""
 
 import ast
 import re
@@ -57,10 +57,10 @@ def _spelled_names(path: Path) -> list[str]:
 
 def test_artifact_file_names_are_spelled_only_in_the_folder_module():
     spelled = {p.relative_to(PACKAGE).as_posix(): _spelled_names(p) for p in _modules()}
-    assert spelled["folder.py"], "the rule's pattern no longer matches the names folder.py defines"
+    assert spelled["artifacts/folder.py"], "the rule's pattern no longer matches the names folder.py defines"
     # the CLI's help texts may name files for people; no other module may
     others = [f"vitexport/{name}:{hit}" for name, hits in spelled.items()
-              if name != "folder.py" and not name.startswith("cli/") for hit in hits]
+              if name != "artifacts/folder.py" and not name.startswith("cli/") for hit in hits]
     assert not others, others
 
 
@@ -69,3 +69,108 @@ def test_the_check_finds_a_spelled_name(tmp_path):
     bad.write_text('"""Docstrings may say model.fp16.onnx."""\n\nPATH = f"{1}/model.fp16.onnx"\n')
     hits = _spelled_names(bad)
     assert len(hits) == 1 and hits[0].startswith("3: ") and "model.fp16.onnx" in hits[0]
+
+
+# -- import direction ---------------------------------------------------------------------------------------------
+
+# The layers of docs/ARCHITECTURE.md, top first. A module may import its own package and any package of a lower
+# layer, never one of its own layer or above; "base" is the package's top-level modules below `ensure`.
+LAYERS = [
+    ("__main__",),
+    ("cli",),
+    ("bench", "deploy"),
+    ("ensure",),
+    ("openvino_ir",),
+    ("export", "precision"),
+    ("preflight",),
+    ("backends",),
+    ("tensorrt_engine",),
+    ("model",),
+    ("artifacts",),
+    ("data",),
+    ("parity",),
+    ("paths", "environment", "progress"),
+    ("errors", "__init__"),
+]
+RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+
+
+def _unit(module: str) -> str:
+    """The layering unit of a dotted module name below `vitexport`: its subpackage, or the top-level module."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path, package_root: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import of the package in a file, lazy and type-only ones included."""
+    rel = path.relative_to(package_root.parent).with_suffix("")
+    here = list(rel.parts) if rel.name == "__init__" else list(rel.parts[:-1])
+    here = [p for p in here if p != "__init__"]
+    root = package_root.name
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            if module == root:  # `from . import x`: x may be a module of its own
+                found += [(node.lineno, f"{root}.{a.name}") for a in node.names]
+            elif module.startswith(root + "."):
+                found.append((node.lineno, module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith(root + ".")]
+    return found
+
+
+def layering_violations(package_root: Path) -> list[str]:
+    """'file:line imports module' for every import that points across or up the layers."""
+    bad = []
+    for path in sorted(package_root.rglob("*.py")):
+        me = _unit(".".join(path.relative_to(package_root.parent).with_suffix("").parts))
+        for line, module in _imports(path, package_root):
+            other = _unit(module)
+            if other == me or other not in RANK:  # its own package; `vitexport.__version__` and the like
+                continue
+            if me not in RANK:
+                bad.append(f"{path.relative_to(package_root.parent)}: {me!r} has no layer")
+            elif RANK[other] <= RANK[me]:
+                bad.append(f"{path.relative_to(package_root.parent)}:{line} imports {module}")
+    return bad
+
+
+def test_every_package_and_top_level_module_has_a_layer():
+    units = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+             if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert units == set(RANK), (units - set(RANK), set(RANK) - units)
+
+
+def test_imports_flow_down_the_layers():
+    assert not layering_violations(PACKAGE), layering_violations(PACKAGE)
+
+
+def test_at_most_8_modules_directly_in_the_package():
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= 8, top
+
+
+def _copy_package(tmp_path: Path) -> Path:
+    import shutil
+
+    dst = tmp_path / "vitexport"
+    shutil.copytree(PACKAGE, dst, ignore=shutil.ignore_patterns("__pycache__", "resources"))
+    return dst
+
+
+def test_the_check_finds_an_import_that_points_up(tmp_path):
+    copy = _copy_package(tmp_path)
+    assert not layering_violations(copy)
+    planted = copy / "model" / "vit.py"
+    planted.write_text(planted.read_text() + "\n\ndef _late():\n    from ..bench.run import run_bench\n")
+    assert layering_violations(copy) == [f"vitexport/model/vit.py:{len(planted.read_text().splitlines())} "
+                                         "imports vitexport.bench.run"]
+
+
+def test_the_check_finds_an_import_across_one_layer(tmp_path):
+    copy = _copy_package(tmp_path)
+    planted = copy / "export" / "check.py"
+    planted.write_text("from vitexport.precision import settings\n" + planted.read_text())
+    assert layering_violations(copy) == ["vitexport/export/check.py:1 imports vitexport.precision"]

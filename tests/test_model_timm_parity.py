@@ -1,12 +1,13 @@
 """Our ViT vs timm's VisionTransformer with the same weights (timm is the oracle)."""
 
 import pytest
-import torch
 import timm
-from timm.models.vision_transformer import VisionTransformer as TimmViT, checkpoint_filter_fn
+import torch
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+from timm.models.vision_transformer import checkpoint_filter_fn
 
-from vitexport.checkpoints import Checkpoint, load_into
-from vitexport.model import ViTConfig, VisionTransformer, build_model
+from vitexport.model.checkpoints import Checkpoint, load_into
+from vitexport.model.vit import VisionTransformer, ViTConfig, build_model
 
 TINY = dict(embed_dim=64, depth=2, num_heads=4)
 
@@ -96,7 +97,7 @@ def test_224_checkpoint_into_384_matches_timm_filter(no_embed_class):
 
 
 def test_named_variant_matches_timm_create_model():
-    from vitexport.variants import get_variant
+    from vitexport.model.variants import get_variant
     ref = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
     ours = VisionTransformer(get_variant("vit_tiny_patch16_224").config()).eval()
     ours.load_state_dict(ref.state_dict(), strict=True)

@@ -8,24 +8,24 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import ROOT, fails_cleanly
 
+from vitexport.artifacts.folder import ModelFolder
 from vitexport.backends.base import infer_in_chunks
 from vitexport.backends.openvino_backend import OpenVinoRunner, cpu_capabilities, has_bf16
 from vitexport.backends.ort_session import create_session
-from vitexport.bench import discover
+from vitexport.bench.run import discover
 from vitexport.cli import cli
-from vitexport.compare import Thresholds, compare, judge
-from vitexport.data import labels_for_model, load_folder
+from vitexport.data.images import labels_for_model, load_folder
 from vitexport.ensure import ensure_artifact
 from vitexport.errors import BackendUnavailable, ParityError
-from vitexport.export import run_export
-from vitexport.folder import ModelFolder, sha256_file
-from vitexport.openvino_ir import make_ir
+from vitexport.export.run import run_export
+from vitexport.model.spec import ModelSpec
+from vitexport.model.variants import DIGITS_VARIANT
+from vitexport.openvino_ir.convert import make_ir
+from vitexport.parity.compare import Thresholds, compare, judge
+from vitexport.paths import sha256_file
 from vitexport.precision import CalibOptions
-from vitexport.spec import ModelSpec
-from vitexport.variants import DIGITS_VARIANT
-
-from conftest import ROOT, fails_cleanly
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 
@@ -162,7 +162,7 @@ def test_ir_verifies_and_is_reused_until_its_source_changes(with_ir, tmp_path):
 
 
 def test_info_clean_removes_a_stale_ir_with_its_bin(with_ir, tmp_path):
-    from vitexport.status import clean
+    from vitexport.artifacts.status import clean
 
     folder = tmp_path / "m"
     shutil.copytree(with_ir.path, folder)

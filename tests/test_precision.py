@@ -7,19 +7,18 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from conftest import ROOT
 from onnx import numpy_helper
 
+from vitexport.artifacts.folder import LOCK_NAME, ModelFolder
 from vitexport.backends.ort_session import create_session
 from vitexport.cli import cli
-from vitexport.data import load_folder
-from vitexport.export import run_export
-from vitexport.folder import LOCK_NAME, ModelFolder
+from vitexport.data.images import load_folder
+from vitexport.export.run import run_export
+from vitexport.model.spec import ModelSpec
+from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.precision import CalibOptions, Int8Settings
 from vitexport.precision.prepare import run_quantize
-from vitexport.spec import ModelSpec
-from vitexport.variants import DIGITS_VARIANT
-
-from conftest import ROOT
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 
@@ -88,7 +87,7 @@ def test_calibration_cache_reuse_and_invalidation(digits, tmp_path):
     second = run_quantize(digits, "int8", opts)
     assert first.cache_reused is False and second.cache_reused is True and first.calib_key == second.calib_key
     # change one image that is among the chosen ones: the key changes, the old cache is not used
-    from vitexport.data import list_images, select
+    from vitexport.data.images import list_images, select
     victim = select(list_images(calib), 24)[3]
     from PIL import Image
     img = Image.open(victim).convert("L")
@@ -210,7 +209,7 @@ def test_tensorrt_int8_graph_through_the_step_and_shared_calibration(digits, fp3
     assert r.output.count("Reusing calibration cache") >= 1  # the second graph reuses the first one's ranges
     trt_path = digits / "model.int8.trt.onnx"
     assert abs(_accuracy(trt_path, digits) - fp32_acc) <= 1.0
-    from vitexport.folder import ModelFolder
+    from vitexport.artifacts.folder import ModelFolder
 
     manifest = ModelFolder(digits).read_manifest()
     cpu, trt = manifest.precisions["int8"], manifest.precisions["int8-trt"]
@@ -257,7 +256,7 @@ def test_large_calibration_folder_reads_only_what_it_uses(digits, tmp_path, monk
     """2,000 images with --calib-samples 24: 24 images decoded, never the rest."""
     from PIL import Image
 
-    import vitexport.data as data
+    import vitexport.data.images as data
 
     big = tmp_path / "big"
     big.mkdir()

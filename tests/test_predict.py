@@ -7,12 +7,12 @@ import os
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import ROOT, fails_cleanly
+
+from vitexport.artifacts.folder import ModelFolder
 from vitexport.cli import cli
-from vitexport.folder import ModelFolder
-from vitexport.labels import class_names, imagenet_names, labels_record
-from vitexport.predict import top_classes
+from vitexport.deploy.predict import top_classes
+from vitexport.model.labels import class_names, imagenet_names, labels_record
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 PHOTO = ROOT / "calibration" / "photos" / "holdout" / "flower.jpg"

@@ -6,16 +6,22 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
+from conftest import ROOT
 
 from vitexport.cli import cli
-from vitexport.data import load_folder
+from vitexport.data.images import load_folder
+from vitexport.model.variants import DIGITS_VARIANT, VARIANTS
 from vitexport.precision.calibrate import calibrate
 from vitexport.precision.convert import topological_sort
-from vitexport.precision.qdq import (LINEAR_OPS, INT8_MAX, insert_qdq, quantize_weight, select_gemms,
-                                     trt_int8_invariants, write_trt_int8)
-from vitexport.variants import DIGITS_VARIANT, VARIANTS
-
-from conftest import ROOT
+from vitexport.precision.qdq import (
+    INT8_MAX,
+    LINEAR_OPS,
+    insert_qdq,
+    quantize_weight,
+    select_gemms,
+    trt_int8_invariants,
+    write_trt_int8,
+)
 
 CALIB = ROOT / "calibration" / "digits" / "calib"
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"

@@ -13,14 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vitexport.artifacts.folder import ModelFolder, precision_from_plan_name
+from vitexport.artifacts.sidecar import check_compatibility, read_sidecar, write_sidecar
 from vitexport.backends.tensorrt import TensorRTRunner
 from vitexport.errors import BackendUnavailable, VitexportError
-from vitexport.folder import ModelFolder, precision_from_plan_name
 from vitexport.tensorrt_engine import compiler, probe
-from vitexport.tensorrt_engine.options import (EXIT_NO_GPU, EXIT_NO_TENSORRT, BuildOptions, EngineUnavailable,
-                                               check_batch, check_trt_version, input_chw, parse_failure_message,
-                                               profile_shapes)
-from vitexport.tensorrt_engine.sidecar import check_compatibility, make_sidecar, read_sidecar, write_sidecar
+from vitexport.tensorrt_engine.compiler import make_sidecar
+from vitexport.tensorrt_engine.options import (
+    EXIT_NO_GPU,
+    EXIT_NO_TENSORRT,
+    BuildOptions,
+    EngineUnavailable,
+    check_batch,
+    check_trt_version,
+    input_chw,
+    parse_failure_message,
+    profile_shapes,
+)
 
 H200 = {"name": "NVIDIA H200", "compute_capability": "9.0", "driver": "13.0", "cuda_runtime": "13.0"}
 H100 = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "driver": "12.8", "cuda_runtime": "12.8"}
@@ -479,7 +488,7 @@ def test_runner_infer_before_load_is_refused(tmp_path):
 
 def test_importing_vitexport_and_the_engine_modules_does_not_import_tensorrt():
     code = ("import sys, vitexport, vitexport.tensorrt_engine.compiler, vitexport.tensorrt_engine.probe, "
-            "vitexport.tensorrt_engine.options, vitexport.tensorrt_engine.sidecar, vitexport.backends.tensorrt; "
+            "vitexport.tensorrt_engine.options, vitexport.artifacts.sidecar, vitexport.backends.tensorrt; "
             "assert 'tensorrt' not in sys.modules, 'tensorrt was imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vitexport.compare import DEFAULT_THRESHOLDS
+from vitexport.artifacts.sidecar import read_sidecar
 from vitexport.environment import cuda_gpu, tensorrt_version
 from vitexport.tensorrt_engine.options import BuildOptions
-from vitexport.tensorrt_engine.sidecar import read_sidecar
 
 _TRT = tensorrt_version()
 _GPU = cuda_gpu() if _TRT else None
@@ -31,7 +30,7 @@ BATCHES = (1, 3, 8)
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from vitexport.ensure import ensure_artifact
-    from vitexport.spec import ModelSpec
+    from vitexport.model.spec import ModelSpec
 
     out = tmp_path_factory.mktemp("trt") / f"{VARIANT}-32x32"
     return ensure_artifact(out, "fp32", spec=ModelSpec(variant=VARIANT), fresh=True).folder.path
@@ -40,8 +39,8 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def inputs(model_dir):
     """Held-out digit images when shipped (what INT8 was calibrated for), else deterministic noise."""
-    from vitexport.data import load_folder
-    from vitexport.folder import ModelFolder
+    from vitexport.artifacts.folder import ModelFolder
+    from vitexport.data.images import load_folder
     from vitexport.paths import default_heldout_dir
 
     heldout = default_heldout_dir(VARIANT)
@@ -52,8 +51,8 @@ def inputs(model_dir):
 
 @pytest.fixture(scope="module")
 def reference(model_dir, inputs):
+    from vitexport.artifacts.folder import ModelFolder
     from vitexport.backends.ort_session import create_session
-    from vitexport.folder import ModelFolder
 
     sess = create_session(ModelFolder(model_dir).onnx("fp32"))
     name = sess.get_inputs()[0].name
@@ -84,7 +83,7 @@ def built(model_dir):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_engine_matches_onnxruntime_at_three_batches(built, inputs, reference, precision):
     from vitexport.backends.tensorrt import TensorRTRunner
-    from vitexport.compare import compare, judge
+    from vitexport.parity.compare import compare, judge
 
     res = built(precision)
     assert res.plan_path.name == f"model.{precision}.plan"
@@ -140,7 +139,7 @@ def test_second_build_reuses_the_timing_cache(model_dir):
 
 def test_fp32_engine_is_the_reference(model_dir, inputs, reference):
     from vitexport.backends.tensorrt import TensorRTRunner
-    from vitexport.compare import compare, judge
+    from vitexport.parity.compare import compare, judge
 
     res = _build(model_dir, "fp32")
     assert res.sidecar["build_options"]["tf32"] is False
@@ -152,10 +151,10 @@ def test_fp32_engine_is_the_reference(model_dir, inputs, reference):
 
 @pytest.mark.parametrize("ep", ["cuda", "tensorrt"])
 def test_onnxruntime_gpu_providers_bind_inputs_and_outputs_on_the_device(model_dir, inputs, reference, ep):
+    from vitexport.artifacts.folder import ModelFolder
     from vitexport.backends.ort_backend import OrtRunner
-    from vitexport.compare import compare, judge
     from vitexport.errors import BackendUnavailable
-    from vitexport.folder import ModelFolder
+    from vitexport.parity.compare import compare, judge
 
     runner = OrtRunner(ModelFolder(model_dir).onnx("fp32"), "fp32", ep=ep)
     try:

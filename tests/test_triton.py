@@ -8,15 +8,16 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-
 from conftest import ROOT, fails_cleanly
+
+from vitexport.artifacts.folder import ModelFolder, TritonModelFolder, onnx_digest
+from vitexport.artifacts.sidecar import write_sidecar
 from vitexport.cli import cli
-from vitexport.export import run_export
-from vitexport.folder import ModelFolder, TritonModelFolder, onnx_digest
-from vitexport.labels import class_names
-from vitexport.spec import ModelSpec
+from vitexport.export.run import run_export
+from vitexport.model.labels import class_names
+from vitexport.model.spec import ModelSpec
+from vitexport.tensorrt_engine.compiler import make_sidecar
 from vitexport.tensorrt_engine.options import BuildOptions
-from vitexport.tensorrt_engine.sidecar import make_sidecar, write_sidecar
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 from google.protobuf import text_format  # noqa: E402  (protobuf comes with onnx)
@@ -135,7 +136,7 @@ def test_uint8_input_normalises_inside_the_graph(digits, tmp_path):
     import onnxruntime as ort
     from PIL import Image
 
-    from vitexport.data import load_image, resize_and_crop
+    from vitexport.data.images import load_image, resize_and_crop
 
     repo = tmp_path / "repo"
     r = CliRunner().invoke(cli, ["triton", "-q", str(digits.path), "-o", str(repo), "--uint8-input"])

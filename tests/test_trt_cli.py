@@ -7,12 +7,12 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+from vitexport.artifacts.folder import LOCK_NAME
 from vitexport.cli import cli
-from vitexport.export import run_export
-from vitexport.folder import LOCK_NAME
+from vitexport.export.run import run_export
+from vitexport.model.spec import ModelSpec
+from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.precision.qdq import trt_int8_invariants
-from vitexport.spec import ModelSpec
-from vitexport.variants import DIGITS_VARIANT
 
 HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 

@@ -7,13 +7,21 @@ import _thread
 import io
 import time
 
+import fake_tensorrt
 import pytest
 
-import fake_tensorrt
 from vitexport.errors import VitexportError
 from vitexport.progress import Log
-from vitexport.tensorrt_engine.events import (ERROR, INFO, VERBOSE, WARNING, MESSAGES, BuildMonitor, Messages,
-                                              run_cancellable)
+from vitexport.tensorrt_engine.events import (
+    ERROR,
+    INFO,
+    MESSAGES,
+    VERBOSE,
+    WARNING,
+    BuildMonitor,
+    Messages,
+    run_cancellable,
+)
 from vitexport.tensorrt_engine.options import BuildOptions, LogOptions, build_failure_message, log_hint
 
 

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import timm
 import torch
+from conftest import ROOT
 from PIL import Image
 
-from vitexport.data import Dataset, labels_for_model, load_folder, preprocess_image
-from vitexport.model import VisionTransformer
-from vitexport.variants import VARIANTS, Preprocess, get_variant, parse_img_size
-
-from conftest import ROOT
+from vitexport.data.images import Dataset, labels_for_model, load_folder, preprocess_image
+from vitexport.data.preprocess import Preprocess
+from vitexport.model.variants import VARIANTS, get_variant, parse_img_size
+from vitexport.model.vit import VisionTransformer
 
 TIMM_NAMES = [n for n in VARIANTS if not n.startswith("vit_digits")]
 

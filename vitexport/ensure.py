@@ -15,21 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Union
 
+from .artifacts.folder import IR_SOURCE, MANIFEST_NAME, PLAN_SOURCE, ModelFolder, artifact_kind
+from .artifacts.verify import require
+from .artifacts.workspace import reading, writing
 from .errors import VitexportError
-from .export import ExportOptions, ExportResult, run_export
-from .folder import IR_SOURCE, MANIFEST_NAME, PLAN_SOURCE, ModelFolder, artifact_kind
-from .openvino_ir import ir_stale_reason, make_ir
+from .export.run import ExportOptions, ExportResult, run_export
+from .model.spec import ModelSpec
+from .openvino_ir.convert import ir_stale_reason, make_ir
 from .precision.convert import graph_precision
 from .precision.prepare import PrecisionResult, run_quantize
 from .precision.prepare import stale_reason as onnx_stale_reason
 from .precision.settings import CalibOptions
 from .preflight import check_op_types
 from .progress import QUIET, Log
-from .spec import ModelSpec
 from .tensorrt_engine.compiler import BuildFn, TrtResult, run_trt
 from .tensorrt_engine.options import BuildOptions
-from .verify import require
-from .workspace import reading, writing
 
 Target = Union[Path, str, ModelFolder, None]
 Maker = Callable[[ModelFolder, str, Union[CalibOptions, None], Log], PrecisionResult]

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .variants import DIGITS_VARIANT
-
 _PKG_PARENT = Path(__file__).resolve().parents[1]
+DIGITS_VARIANT = "vit_digits_patch4_32"  # the variant of the shipped digits checkpoint (model.variants)
 
 
 def project_root() -> Path:
@@ -127,3 +127,11 @@ def display_path(p: Path | str) -> str:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(p)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -60,7 +60,7 @@ def vit_memory(config: Mapping[str, Any]) -> tuple[int, int, int]:
 
 def spec_config(spec) -> dict[str, Any]:
     """The shape a ModelSpec asks for, from the size table alone (no weights, no torch)."""
-    from .variants import SIZES, get_variant
+    from .model.variants import SIZES, get_variant
 
     v = get_variant(spec.variant)
     d, depth, heads, mlp_ratio = SIZES[v.size]
@@ -119,7 +119,7 @@ def check_opset(opset: int) -> None:
     """An opset the installed onnx knows (torch's exporter converts to it with onnx's version converter)."""
     import onnx
 
-    from .spec import DEFAULT_OPSET
+    from .model.spec import DEFAULT_OPSET
 
     top = onnx.defs.onnx_opset_version()
     if opset > top:
@@ -145,7 +145,7 @@ def check_op_types(ops: tuple[str, ...], graph: Path, option: str = "--keep-fp32
 
 def check_bench(target, spec, batches: tuple[int, ...] | None) -> None:
     """`bench --batch N`: refused before any work when N cannot fit (the model's shape from its manifest)."""
-    from .folder import ModelFolder
+    from .artifacts.folder import ModelFolder
 
     if not batches:
         return

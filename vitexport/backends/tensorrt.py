@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..artifacts.folder import ModelFolder, onnx_digest, precision_from_plan_name, sidecar_for
+from ..artifacts.sidecar import check_compatibility, read_sidecar, rebuild_command
 from ..errors import BackendUnavailable, VitexportError
-from ..folder import ModelFolder, onnx_digest, precision_from_plan_name, sidecar_for
 from ..tensorrt_engine.engine_info import EngineLayers, parse_engine_information
 from ..tensorrt_engine.events import MESSAGES
 from ..tensorrt_engine.options import EngineUnavailable, check_batch
 from ..tensorrt_engine.probe import current_env, require_trt_and_gpu
-from ..tensorrt_engine.sidecar import check_compatibility, read_sidecar, rebuild_command
 from .base import Runner
 from .cuda_stream import CudaStream
 

@@ -1,4 +1,8 @@
-"""The `vitexport` command: a click group with one small module per command."""
+"""The `vitexport` command: a click group with one small module per command that only parses, calls the library
+and prints; option groups defined once (`groups`), every failure as one sentence and an exit code (`failures`).
+
+The top layer: it may import anything; nothing imports it.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +31,8 @@ from .trt_cmd import trt_command
 def cli(debug: bool, lock_timeout: float | None) -> None:
     """Vision Transformers from checkpoint to ONNX, FP16/INT8 and TensorRT, with proof of parity."""
     set_debug(debug)
-    if lock_timeout is not None or sys.modules.get("vitexport.workspace") is not None:
-        from ..workspace import set_lock_timeout
+    if lock_timeout is not None or sys.modules.get("vitexport.artifacts.workspace") is not None:
+        from ..artifacts.workspace import set_lock_timeout
 
         set_lock_timeout(lock_timeout)
 

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import click
 
-from ..compare import DEFAULT_THRESHOLDS, Thresholds
 from ..errors import ParityError, VitexportError
+from ..parity.compare import DEFAULT_THRESHOLDS, Thresholds
 from .groups import MODEL, QUIET, TARGET, OptionGroup, opt, use
-
 
 # the values a bound can take: a NaN would switch it off, a cosine above 1 fail every backend
 _BOUNDS = {"max_abs": (0.0, math.inf), "cos_min": (-1.0, 1.0), "cos_mean": (-1.0, 1.0), "top1_agree": (0.0, 1.0),
@@ -120,8 +119,8 @@ def bench_command(target, spec, opts, no_prepare, files, log):
     from ..preflight import check_bench
 
     check_bench(target, spec, opts["batches"])  # a --batch that cannot fit: refused before torch is even loaded
-    from ..bench import BenchOptions, prepare_bench, run_bench
-    from ..report import print_table, write_outputs
+    from ..bench.report import print_table, write_outputs
+    from ..bench.run import BenchOptions, prepare_bench, run_bench
 
     opts = BenchOptions(**opts)
     folder = prepare_bench(target, spec, prepare=not no_prepare, log=log)

@@ -20,11 +20,11 @@ from typing import Any, Callable
 import click
 
 from ..errors import VitexportError
-from ..posembed import DEFAULT_INTERPOLATION, INTERPOLATIONS
+from ..model.posembed import DEFAULT_INTERPOLATION, INTERPOLATIONS
+from ..model.spec import user_spec
+from ..model.variants import DEFAULT_VARIANT, VARIANTS, parse_img_size
 from ..precision.settings import CALIB_METHODS, DEFAULT_KEEP_FP32, DEFAULT_PERCENTILE, CalibOptions, Int8Settings
 from ..progress import Log
-from ..spec import user_spec
-from ..variants import DEFAULT_VARIANT, VARIANTS, parse_img_size
 from .failures import UserError, to_click  # noqa: F401 - UserError: commands raise it from here
 
 

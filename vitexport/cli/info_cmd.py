@@ -52,9 +52,9 @@ def info_command(model_dir: Path | None, clean: bool, log):
     Without MODEL_DIR: one line per model folder under models/ ($VITEXPORT_MODELS). Exits 1 when a file
     present does not verify (run with --clean to remove the stale ones).
     """
-    from ..folder import ModelFolder
-    from ..status import clean as clean_folder
-    from ..status import folder_status, model_folders, summary
+    from ..artifacts.folder import ModelFolder
+    from ..artifacts.status import clean as clean_folder
+    from ..artifacts.status import folder_status, model_folders, summary
 
     if model_dir is None:
         folders = model_folders()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from ..compare import EXPORT_THRESHOLDS
-from ..spec import DEFAULT_OPSET, MIN_OPSET, ExportOptions
-from ..variants import VARIANTS
+from ..model.spec import DEFAULT_OPSET, MIN_OPSET, ExportOptions
+from ..model.variants import VARIANTS
+from ..parity.compare import EXPORT_THRESHOLDS
 from .groups import MODEL, QUIET, FiniteFloat, OptionGroup, opt, use
 
 EXPORT = OptionGroup(

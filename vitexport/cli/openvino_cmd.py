@@ -25,7 +25,7 @@ def openvino_command(precision, target, spec, calib, log):
     .bin is missing or truncated, or when it is not the IR vitexport made from that folder's model.
     """
     from ..ensure import ensure_artifact
-    from ..openvino_ir import ir_kind, verify_ir
+    from ..openvino_ir.convert import ir_kind, verify_ir
 
     if target is not None and Path(target).suffix == ".xml":
         result = verify_ir(Path(target), precision, calib, log)

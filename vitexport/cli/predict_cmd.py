@@ -14,7 +14,7 @@ BACKEND_NAMES = ("onnxruntime", "pytorch", "openvino", "tensorrt")  # predict.BA
 
 def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
     """A first path that is an exported model (a folder or .onnx with a manifest) is the model; the rest, images."""
-    from ..folder import ModelFolder
+    from ..artifacts.folder import ModelFolder
 
     first = paths[0]
     is_model = first.exists() and (first.is_dir() or first.suffix == ".onnx") and \
@@ -43,8 +43,8 @@ def predict_command(paths, precision, backend, top_k, as_json, spec, log):
     (default: the default model) is used, exported first if absent. Folders are searched for images
     recursively. Class names come from the checkpoint, ImageNet-1k for 1000-class heads, or indices.
     """
+    from ..deploy.predict import predict, to_json, to_table
     from ..ensure import open_model
-    from ..predict import predict, to_json, to_table
 
     target, images = _split_target(paths)
     if top_k < 1:  # before any work

@@ -10,7 +10,7 @@ from .groups import MODEL, QUIET, TARGET, OptionGroup, opt, use
 
 
 def _options(precision, fmt, name, max_batch, instances, force, uint8_input):
-    from ..triton import TritonOptions
+    from ..deploy.triton import TritonOptions
 
     return TritonOptions(precision=precision, format=fmt, name=name, max_batch=max_batch, instances=instances,
                          force=force, uint8_input=uint8_input)
@@ -48,8 +48,8 @@ def triton_command(repo, target, opts, spec, log):
     Inputs, outputs, data types and dims are read from the model file; dynamic batching is on. MODEL_DIR is
     an exported model folder; without it, the folder of --model is used, exported first if absent.
     """
+    from ..deploy.triton import serve_instructions, write_triton
     from ..ensure import open_model
-    from ..triton import serve_instructions, write_triton
 
     folder = open_model(target, spec, log=log)
     result = write_triton(folder, repo, opts, log=log)

@@ -5,11 +5,14 @@
   with a content-addressed calibration cache.
 
 After each conversion the new model is run against the FP32 ONNX on held-out images (never the calibration
-images) and judged with the per-precision thresholds of vitexport.compare.
+images) and judged with the per-precision thresholds of vitexport.parity.compare.
 
 Modules: `settings` (what is asked: plain data), `convert` (the graph conversions), `prepare` (the step:
 convert, check, record in the manifest). `vitexport.ensure.ensure_artifact` is the entry that runs the step
 when a file is missing or stale.
+
+Imports preflight, backends (ONNX Runtime's session), model, artifacts, data, parity and the base modules; never
+another step.
 """
 
 from .settings import CalibOptions, Int8Settings

@@ -17,10 +17,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .. import __version__
-from ..data import IMAGE_SUFFIXES, iter_batches, list_images, select
+from ..data.images import IMAGE_SUFFIXES, iter_batches, list_images, select
 from ..errors import VitexportError
-from ..folder import sha256_file
-from ..paths import write_text_atomic
+from ..paths import sha256_file, write_text_atomic
 from ..progress import QUIET, Log
 from .calibrate import calibrate
 from .convert import save_checked
@@ -158,8 +157,14 @@ class _progress:
         if self.log.quiet:
             return None
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.bar = Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("eta"), TimeRemainingColumn(), transient=True, console=Console(stderr=True))

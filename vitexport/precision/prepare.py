@@ -9,14 +9,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..artifacts.folder import ModelFolder, artifact_kind, external_data_of
+from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
 from ..backends.base import infer_in_chunks
 from ..backends.ort_session import create_session
-from ..compare import ParityVerdict, Thresholds, compare, judge
-from ..data import Dataset, labels_for_model, load_folder
+from ..data.images import Dataset, labels_for_model, load_folder
 from ..errors import ParityError, VitexportError
-from ..folder import ModelFolder, artifact_kind, external_data_of, sha256_file
-from ..manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
-from ..paths import atomic_path, default_calib_dir, default_heldout_dir
+from ..parity.compare import ParityVerdict, Thresholds, compare, judge
+from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_file
 from ..progress import QUIET, Log
 from .convert import convert_fp16, graph_precision
 from .int8 import INT8_KINDS, calibration_key, calibration_set, ranges, selection_for, write_int8

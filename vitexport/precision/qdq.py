@@ -1,19 +1,18 @@
-"""INT8 Q/DQ graphs: which GEMMs are quantized, and the TensorRT-shaped INT8 graph.
+"""INT8 Q/DQ graphs: which GEMMs are quantized, and the two INT8 files written from one calibration.
 
-Two INT8 files come from one calibration:
+Both put Q/DQ only on the *inputs* of the weight GEMMs (activations per tensor, weights per output channel,
+symmetric, zero point 0), never on their outputs; the logits, LayerNorm, Softmax, the attention products (by
+default) and matrix-vector products (the head) stay unquantized. They differ in what lies between the GEMMs:
 
-- ``model.int8.onnx`` (CPU runtimes): ONNX Runtime's QDQ quantizer, FP32 between the INT8 GEMMs, GEMM outputs
-  quantized too (what ONNX Runtime's and OpenVINO's CPU kernels fuse best);
-- ``model.int8.trt.onnx`` (TensorRT): the placement NVIDIA's ModelOpt uses for TensorRT. Q/DQ only on the
-  *inputs* of the weight GEMMs (activations per tensor, weights per output channel, symmetric, zero point 0),
-  never on their outputs; the logits, LayerNorm, Softmax, the attention products (by default) and
-  matrix-vector products stay unquantized; every other op runs in FP16 with FP16 scales (opset 19), so under
-  strong typing TensorRT fuses the DequantizeLinear into the GEMM and keeps the rest in FP16.
+- ``model.int8.onnx`` (CPU runtimes): FP32 between the INT8 GEMMs;
+- ``model.int8.trt.onnx`` (TensorRT): the placement NVIDIA's ModelOpt uses for TensorRT; every other op runs in
+  FP16 with FP16 scales (opset 19), so under strong typing TensorRT fuses the DequantizeLinear into the GEMM
+  and keeps the rest in FP16.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +31,7 @@ class GemmSelection:
     """Which nodes of the FP32 graph are quantized, and the tensors whose ranges calibration must measure."""
 
     nodes: list[str]  # node names, in graph order
-    activations: list[str]  # activation inputs of those nodes (Q/DQ before the GEMM)
-    outputs: list[str] = field(default_factory=list)  # their outputs (quantized in the CPU file only)
-
-    @property
-    def tensors(self) -> list[str]:
-        return list(dict.fromkeys(self.activations + self.outputs))
+    activations: list[str]  # activation inputs of those nodes (Q/DQ before the GEMM): what calibration measures
 
 
 def _constants(graph) -> set[str]:
@@ -59,15 +53,15 @@ def is_matrix_vector(graph, node) -> bool:
     return node.op_type == "Gemm" or (node.op_type == "MatMul" and _rank(graph, node.input[0]) == 2)
 
 
-def select_gemms(graph, excluded: set[str], quantize_attention: bool = False, skip_matrix_vector: bool = False,
-                 with_outputs: bool = False) -> GemmSelection:
+def select_gemms(graph, excluded: set[str], quantize_attention: bool = False,
+                 skip_matrix_vector: bool = False) -> GemmSelection:
     """The GEMMs to quantize: MatMul/Gemm/Conv with a constant weight, minus `excluded`.
 
     quantize_attention adds the MatMuls of two activations (Q.K^T, A.V); skip_matrix_vector leaves (batch, K)
     products (the head) in float.
     """
     consts = _constants(graph)
-    nodes, acts, outs = [], [], []
+    nodes, acts = [], []
     for node in graph.node:
         if node.op_type not in LINEAR_OPS or node.name in excluded:
             continue
@@ -78,8 +72,7 @@ def select_gemms(graph, excluded: set[str], quantize_attention: bool = False, sk
             continue
         nodes.append(node.name)
         acts += [i for i in node.input[:2] if i and i not in consts]
-        outs += list(node.output)
-    return GemmSelection(nodes, list(dict.fromkeys(acts)), list(dict.fromkeys(outs)) if with_outputs else [])
+    return GemmSelection(nodes, list(dict.fromkeys(acts)))
 
 
 # -- helpers -----------------------------------------------------------------------------------------------

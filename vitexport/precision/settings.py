@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..compare import Thresholds
+    from ..parity.compare import Thresholds
 
 CALIB_METHODS = ("minmax", "entropy", "percentile")  # how activation ranges are chosen from calibration data
 DEFAULT_KEEP_FP32 = ("LayerNormalization", "Softmax")  # FP16: op types kept in FP32 (LayerNorm overflows in FP16)

@@ -11,15 +11,16 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from .. import __version__
+from ..artifacts.folder import PLAN_SOURCE, ModelFolder, artifact_kind, onnx_digest
+from ..artifacts.sidecar import SIDECAR_FORMAT, write_sidecar
 from ..errors import VitexportError
-from ..folder import PLAN_SOURCE, ModelFolder, artifact_kind, onnx_digest
 from ..paths import atomic_path
 from ..progress import QUIET, Log
-from .options import BuildOptions
+from .options import BuildOptions, profile_shapes
 from .probe import require_trt_and_gpu
-from .sidecar import make_sidecar, write_sidecar
 
 PrepareOnnx = Callable[[str], Path]  # precision -> the ONNX that carries it (exporting / converting as needed)
 BuildFn = Callable[[Path, BuildOptions, Log], tuple[bytes, dict[str, Any]]]
@@ -82,3 +83,39 @@ def _how_to_make(precision: str) -> str:
     kind = artifact_kind(PLAN_SOURCE[precision])
     steps = [artifact_kind("fp32").made_by] + ([] if kind.name == "fp32" else [kind.made_by])
     return " and ".join(f"`{s}`" for s in steps)
+
+
+def make_sidecar(*, plan_path: Path, plan_sha256: str, plan_bytes: int, onnx_path: Path, onnx_sha256: str,
+                 opts: BuildOptions, input_name: str, chw: Sequence[int], output_names: Sequence[str],
+                 tensorrt_version: str, gpu: dict[str, Any], build_seconds: float,
+                 build_info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON written beside a plan: what it is, what it was built from, how, and on which machine."""
+    mn, op, mx = profile_shapes(opts, chw)
+    info = dict(build_info or {})
+    return {
+        "format": SIDECAR_FORMAT,
+        "plan": Path(plan_path).name,
+        "plan_sha256": plan_sha256,
+        "plan_bytes": int(plan_bytes),
+        "precision": opts.precision,
+        "source_onnx": Path(onnx_path).name,
+        "source_onnx_sha256": onnx_sha256,
+        "tensorrt": tensorrt_version,
+        "gpu": {
+            "name": gpu.get("name"),
+            "compute_capability": gpu.get("compute_capability"),
+            "cuda_driver": gpu.get("driver"),
+            "cuda_runtime": gpu.get("cuda_runtime"),
+        },
+        "profile": {"input": input_name, "min": list(mn), "opt": list(op), "max": list(mx)},
+        "outputs": list(output_names),
+        "build_options": {
+            **opts.to_dict(),
+            "strongly_typed": True,
+            "tf32": opts.precision != "fp32",
+            **{k: v for k, v in info.items() if k in ("timing_cache_loaded", "timing_cache_saved")},
+        },
+        "build_seconds": round(float(build_seconds), 3),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "vitexport": __version__,
+    }

@@ -6,7 +6,7 @@
 - where TensorRT's own log goes (`LogOptions`: `vitexport trt --verbose / --verbose-log FILE`);
 - the messages of a failed parse or build, which point at that log.
 
-File names (which ONNX feeds which plan) belong to vitexport.folder; the sidecar and the verdict on whether a
+File names (which ONNX feeds which plan) belong to vitexport.artifacts.folder; the sidecar and the verdict on whether a
 plan can run here to .sidecar. This module never imports tensorrt.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..artifacts.folder import PLAN_PRECISIONS
 from ..errors import VitexportError
-from ..folder import PLAN_PRECISIONS
 
 # Strongly typed networks are complete from TensorRT 10.12 on: NVIDIA's strong-typing migration guidance
 # (TensorRT repo, .agents/skills/trt-strong-typing-migration/SKILL.md, 11.1: "strong typing is fully available from

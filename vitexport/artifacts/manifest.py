@@ -1,0 +1,362 @@
+"""The manifest: a JSON file beside every exported model saying exactly what it is and how it was made.
+
+`Manifest` is the typed form; `read_manifest` / `write_manifest` move it to and from `manifest.json`
+(atomically). The format is versioned: this version reads `vitexport-manifest/1` and says so, in one
+sentence, for anything else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..data.preprocess import Preprocess
+from ..errors import VitexportError
+from ..parity.compare import ParityStats
+from ..paths import write_text_atomic
+
+FORMAT = "vitexport-manifest/1"  # written by this version
+READABLE_FORMATS = (FORMAT,)  # read by this version
+
+
+class _Fields:
+    """Reads typed fields out of one JSON object, naming the file and the field when one is missing or wrong."""
+
+    def __init__(self, data: Any, where: str, path: Path) -> None:
+        if not isinstance(data, dict):
+            raise VitexportError(f"{path} holds a JSON {type(data).__name__} where {where or 'a manifest'} "
+                                 f"should be an object; re-export the model.")
+        self.data, self.where, self.path = data, where, path
+
+    def _name(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def req(self, key: str, kind: type | tuple[type, ...] = object) -> Any:
+        if key not in self.data:
+            raise VitexportError(f"{self.path} lacks the field {self._name(key)!r}; re-export the model.")
+        return self.check(key, self.data[key], kind)
+
+    def opt(self, key: str, kind: type | tuple[type, ...] = object, default: Any = None) -> Any:
+        value = self.data.get(key, default)
+        return default if value is None else self.check(key, value, kind)
+
+    def check(self, key: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+        if not isinstance(value, kind):
+            raise VitexportError(f"{self.path} has a {type(value).__name__} in the field {self._name(key)!r}, "
+                                 f"which is not what vitexport writes there; re-export the model.")
+        return value
+
+    def sub(self, key: str) -> "_Fields | None":
+        value = self.data.get(key)
+        return None if value is None else _Fields(value, self._name(key), self.path)
+
+    def rest(self, known: set[str]) -> dict[str, Any]:
+        """Fields this version does not know: kept as they are, so a rewrite does not lose them."""
+        return {k: v for k, v in self.data.items() if k not in known}
+
+
+def _stats(f: _Fields) -> ParityStats:
+    return ParityStats(**{x.name: f.data.get(x.name) for x in fields(ParityStats)})
+
+
+# -- records ------------------------------------------------------------------------------------------------
+
+@dataclass
+class CheckpointRecord:
+    """The weights an export was made from."""
+
+    path: str  # absolute path of the weights file that was read
+    sha256: str  # of that file: an export of other weights is another model
+    format: str  # 'timm' | 'huggingface' | 'jax'
+    repo: str | None = None  # a Hugging Face hub repository (ORG/NAME) the file came from, through the cache
+    revision: str | None = None  # the commit hash of that repository the file was read at
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"path": self.path, "sha256": self.sha256, "format": self.format}
+        return d if self.repo is None else {**d, "repo": self.repo, "revision": self.revision}
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "CheckpointRecord":
+        return cls(f.req("path", str), f.req("sha256", str), f.req("format", str), f.opt("repo", str),
+                   f.opt("revision", str))
+
+
+@dataclass
+class LabelsRecord:
+    """Where the class names of the head come from (vitexport.model.labels)."""
+
+    source: str  # 'checkpoint' | 'imagenet-1k' | 'digits' | 'indices'
+    names: list[str] | None = None  # 'checkpoint': the names it carries; the others are looked up
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, **({} if self.names is None else {"names": list(self.names)})}
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "LabelsRecord":
+        names = f.opt("names", list)
+        return cls(f.req("source", str), None if names is None else [str(n) for n in names])
+
+
+@dataclass
+class BatchCheck:
+    """ONNX Runtime against PyTorch at one batch size, at export time."""
+
+    batch: int
+    stats: ParityStats
+    passed: bool
+
+    def to_dict(self) -> dict:
+        return {"batch": self.batch, "passed": self.passed, **self.stats.to_dict()}
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "BatchCheck":
+        return cls(f.req("batch", int), _stats(f), f.req("passed", bool))
+
+
+@dataclass
+class ExportParity:
+    atol: float  # max abs logit difference allowed
+    checks: list[BatchCheck]  # one per checked batch size
+
+    def to_dict(self) -> dict:
+        return {"atol": self.atol, "checks": [c.to_dict() for c in self.checks]}
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "ExportParity":
+        checks = [BatchCheck.from_fields(_Fields(c, f"{f.where}.checks", f.path)) for c in f.req("checks", list)]
+        return cls(float(f.req("atol", (int, float))), checks)
+
+
+@dataclass
+class CalibrationRecord:
+    """How INT8 ranges were calibrated; a cache entry is reused only for the same key."""
+
+    key: str  # content address: model bytes, data bytes, preprocessing, settings, version
+    method: str  # 'minmax' | 'entropy' | 'percentile'
+    samples: int  # inputs actually used
+    data: str  # absolute path of the calibration data
+    requested_samples: int | None  # --calib-samples (None: all)
+    percentile: float | None  # for the percentile method
+    quantize_attention: bool  # Q.K^T and A.V quantized too
+    exclude_nodes: list[str]  # kept in float, by node name
+    exclude_blocks: list[int]  # transformer blocks kept in float
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "method": self.method, "samples": self.samples, "data": self.data,
+                "requested_samples": self.requested_samples, "percentile": self.percentile,
+                "quantize_attention": self.quantize_attention, "exclude_nodes": list(self.exclude_nodes),
+                "exclude_blocks": list(self.exclude_blocks)}
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "CalibrationRecord":
+        return cls(f.req("key", str), f.req("method", str), f.req("samples", int), f.req("data", str),
+                   f.opt("requested_samples", int), f.opt("percentile", (int, float)),
+                   bool(f.opt("quantize_attention", bool, False)), list(f.opt("exclude_nodes", list, [])),
+                   list(f.opt("exclude_blocks", list, [])))
+
+
+@dataclass
+class HeldOutCheck:
+    """A converted model against the FP32 ONNX on held-out inputs."""
+
+    data: str  # where the held-out inputs came from
+    passed: bool
+    failures: list[str]  # the missed bounds, readable
+    thresholds: dict[str, float | None]  # the bounds applied (compare.Thresholds)
+    stats: ParityStats
+
+    def to_dict(self) -> dict:
+        return {"data": self.data, "passed": self.passed, "failures": list(self.failures),
+                "thresholds": dict(self.thresholds), **self.stats.to_dict()}
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "HeldOutCheck":
+        return cls(f.req("data", str), f.req("passed", bool), list(f.req("failures", list)),
+                   dict(f.req("thresholds", dict)), _stats(f))
+
+
+@dataclass
+class IrRecord:
+    """An OpenVINO IR's second file and the ONNX it was converted from (records of the openvino-* kinds)."""
+
+    weights: str  # the .bin beside the .xml (the record's `file`)
+    weights_sha256: str  # its bytes: a .bin from another model or conversion is refused
+    weights_bytes: int  # its size: a truncated .bin is named as such
+    source: str  # the ONNX kind it was converted from (folder.IR_SOURCE)
+    source_sha256: str  # that ONNX's bytes (external data folded in): another one makes the IR stale
+    fp16_weights: bool  # weights stored in FP16 (compress_to_fp16)
+    openvino: str  # the converting OpenVINO's version
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "IrRecord":
+        return cls(f.req("weights", str), f.req("weights_sha256", str), f.req("weights_bytes", int),
+                   f.req("source", str), f.req("source_sha256", str), f.req("fp16_weights", bool),
+                   f.req("openvino", str))
+
+
+_PRECISION_FIELDS = {"file", "source_sha256", "sha256", "keep_fp32", "calibration", "qdq", "check", "openvino"}
+
+
+@dataclass
+class PrecisionRecord:
+    """One converted ONNX (FP16, INT8, ...) and what it was made from and with."""
+
+    file: str  # its file name in the folder
+    source_sha256: str  # the FP32 ONNX it was made from: another one makes it stale
+    sha256: str = ""  # its own bytes: a changed file is stale too
+    keep_fp32: list[str] | None = None  # FP16: op types kept in FP32
+    calibration: CalibrationRecord | None = None  # INT8
+    qdq: dict[str, int] | None = None  # INT8: Q/DQ counts and invariants (precision.convert.qdq_summary)
+    check: HeldOutCheck | None = None  # the parity check against FP32, unless skipped
+    extra: dict[str, Any] = field(default_factory=dict)  # fields of a newer minor version, kept
+    openvino: IrRecord | None = None  # an OpenVINO IR: its .bin and its source ONNX
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"file": self.file, "source_sha256": self.source_sha256}
+        if self.keep_fp32 is not None:
+            d["keep_fp32"] = list(self.keep_fp32)
+        if self.calibration is not None:
+            d["calibration"] = self.calibration.to_dict()
+        if self.qdq is not None:
+            d["qdq"] = dict(self.qdq)
+        if self.check is not None:
+            d["check"] = self.check.to_dict()
+        if self.openvino is not None:
+            d["openvino"] = self.openvino.to_dict()
+        return {**d, "sha256": self.sha256, **self.extra}
+
+    @classmethod
+    def from_fields(cls, f: _Fields) -> "PrecisionRecord":
+        cal, check, ov = f.sub("calibration"), f.sub("check"), f.sub("openvino")
+        return cls(f.req("file", str), f.req("source_sha256", str), f.opt("sha256", str, ""),
+                   f.opt("keep_fp32", list), CalibrationRecord.from_fields(cal) if cal else None,
+                   f.opt("qdq", dict), HeldOutCheck.from_fields(check) if check else None,
+                   f.rest(_PRECISION_FIELDS), openvino=IrRecord.from_fields(ov) if ov else None)
+
+
+# -- the manifest -------------------------------------------------------------------------------------------
+
+@dataclass
+class Manifest:
+    """Everything about an exported model that a later step, or a person, needs to know."""
+
+    variant: str  # named variant (timm's name), e.g. 'vit_base_patch16_224'
+    img_size: tuple[int, int]  # (H, W) the model takes
+    patch_size: tuple[int, int]  # (P, P)
+    grid: tuple[int, int]  # patches per side: img_size / patch_size
+    num_classes: int  # classes of the head; 0: the model outputs features
+    config: dict[str, Any]  # every model.ViTConfig field, to rebuild the PyTorch model
+    preprocess: Preprocess  # image -> input tensor (timm's eval transform)
+    checkpoint: CheckpointRecord | None  # None: deterministic random weights
+    seed: int | None  # the random weights' seed (None with a checkpoint)
+    pos_embed_interp: str  # how the position embedding was resized (posembed.INTERPOLATIONS)
+    opset: int  # ONNX opset of the export
+    onnx: str  # the FP32 ONNX's file name in the folder
+    input_name: str  # the graph's input, (batch, C, H, W) float32
+    output_name: str  # the graph's output
+    input_shape: list[Any]  # ['batch', C, H, W]
+    output_shape: list[Any]  # ['batch', classes] (or features, or per-token outputs)
+    versions: dict[str, str] = field(default_factory=dict)  # library versions at export
+    parity: ExportParity | None = None  # ONNX Runtime vs PyTorch at export
+    onnx_sha256: str | None = None  # the FP32 ONNX's bytes: what derived files were made from
+    onnx_bytes: int | None = None  # its size
+    precisions: dict[str, PrecisionRecord] = field(default_factory=dict)  # converted ONNX files, by kind
+    labels: LabelsRecord | None = None  # where the class names come from; None: features, or an older export
+    format: str = FORMAT  # the manifest format's name and version
+    extra: dict[str, Any] = field(default_factory=dict)  # fields this version does not know, kept
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format, "variant": self.variant, "img_size": list(self.img_size),
+            "patch_size": list(self.patch_size), "grid": list(self.grid), "num_classes": self.num_classes,
+            "config": self.config, "preprocess": self.preprocess.to_dict(),
+            "checkpoint": None if self.checkpoint is None else self.checkpoint.to_dict(),
+            "seed": self.seed, "pos_embed_interp": self.pos_embed_interp, "opset": self.opset, "onnx": self.onnx,
+            "input_name": self.input_name, "output_name": self.output_name, "input_shape": list(self.input_shape),
+            "output_shape": list(self.output_shape), "versions": dict(self.versions),
+            **({} if self.parity is None else {"parity": self.parity.to_dict()}),
+            **({} if self.onnx_sha256 is None else {"onnx_sha256": self.onnx_sha256, "onnx_bytes": self.onnx_bytes}),
+            "precisions": {k: r.to_dict() for k, r in self.precisions.items()},
+            **({} if self.labels is None else {"labels": self.labels.to_dict()}),
+            **self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, path: Path) -> "Manifest":
+        f = _Fields(data, "", path)
+        fmt = f.req("format", str)
+        if fmt not in READABLE_FORMATS:
+            raise VitexportError(f"{path} is a {fmt!r} manifest, which vitexport {__version__} cannot read (it "
+                                 f"reads {', '.join(READABLE_FORMATS)}); upgrade vitexport or re-export the model.")
+        ck, parity, precisions = f.sub("checkpoint"), f.sub("parity"), f.opt("precisions", dict, {})
+        labels = f.sub("labels")
+        pp = f.req("preprocess", dict)
+        try:
+            preprocess = Preprocess.from_dict(pp)
+        except (KeyError, TypeError, ValueError) as e:
+            raise VitexportError(f"{path} has an unreadable 'preprocess' field ({e.__class__.__name__}: {e}); "
+                                 f"re-export the model.") from None
+        known = {x.name for x in fields(cls)} - {"extra"}
+        return cls(
+            variant=f.req("variant", str), img_size=_pair(f, "img_size"), patch_size=_pair(f, "patch_size"),
+            grid=_pair(f, "grid"), num_classes=f.req("num_classes", int), config=_config(f),
+            preprocess=preprocess, checkpoint=CheckpointRecord.from_fields(ck) if ck else None,
+            seed=f.opt("seed", int), pos_embed_interp=f.req("pos_embed_interp", str), opset=f.req("opset", int),
+            onnx=f.req("onnx", str), input_name=f.req("input_name", str), output_name=f.req("output_name", str),
+            input_shape=f.req("input_shape", list), output_shape=f.req("output_shape", list),
+            versions=f.opt("versions", dict, {}), parity=ExportParity.from_fields(parity) if parity else None,
+            onnx_sha256=f.opt("onnx_sha256", str), onnx_bytes=f.opt("onnx_bytes", int),
+            precisions={k: PrecisionRecord.from_fields(_Fields(v, f"precisions.{k}", path))
+                        for k, v in precisions.items()},
+            labels=LabelsRecord.from_fields(labels) if labels else None, format=fmt, extra=f.rest(known),
+        )
+
+    def provenance(self) -> dict[str, Any]:
+        """The fields that make two exports the same model."""
+        return {"variant": self.variant, "config": self.config,
+                "checkpoint_sha256": None if self.checkpoint is None else self.checkpoint.sha256,
+                "seed": self.seed, "pos_embed_interp": self.pos_embed_interp}
+
+
+# the model.ViTConfig fields that decide the model's shapes: without one, a rebuilt model would silently take a
+# default (another width, depth, ...)
+CONFIG_SHAPE_FIELDS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads",
+                       "mlp_ratio")
+
+
+def _config(f: _Fields) -> dict[str, Any]:
+    config = f.req("config", dict)
+    missing = [k for k in CONFIG_SHAPE_FIELDS if k not in config]
+    if missing:
+        raise VitexportError(f"{f.path} lacks the field 'config.{missing[0]}'; re-export the model.")
+    return config
+
+
+def _pair(f: _Fields, key: str) -> tuple[int, int]:
+    value = f.req(key, list)
+    if len(value) != 2 or not all(isinstance(v, int) for v in value):
+        raise VitexportError(f"{f.path} has {value!r} in the field {key!r}, not two sizes; re-export the model.")
+    return (value[0], value[1])
+
+
+def read_manifest(path: Path) -> Manifest:
+    """The manifest at `path` (a manifest.json); one sentence when it is missing, not JSON, or not readable."""
+    path = Path(path)
+    if not path.is_file():
+        raise VitexportError(f"{path.parent} has no {path.name} beside it; export it with 'vitexport onnx' first.")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VitexportError(f"{path} is not valid JSON ({e.__class__.__name__}).") from None
+    return Manifest.from_dict(data, path)
+
+
+def write_manifest(path: Path, manifest: Manifest) -> Path:
+    write_text_atomic(Path(path), json.dumps(manifest.to_dict(), indent=2) + "\n")
+    return Path(path)

@@ -1,0 +1,71 @@
+"""Latency of one runner at one batch size: warm-up, then timed runs until both a count and a time are reached."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backends.base import Runner
+
+MAX_RUNS = 10_000  # a very fast backend stops here even if min_time is not reached
+
+
+@dataclass
+class Latency:
+    batch: int
+    iterations: int
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    throughput: float  # images per second
+    h2d_ms: float | None = None  # host -> device copy of the input, measured apart
+    d2h_ms: float | None = None  # device -> host copy of the output, measured apart
+    relative_to_reference: float | None = None  # throughput / PyTorch FP32 eager throughput, same batch
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def _copy_times(runner: Runner, x: np.ndarray, staged: object) -> tuple[float, float]:
+    """Median host->device and device->host copy times in ms (GPU runners)."""
+    up, down = [], []
+    out = runner.run(staged)
+    for _ in range(3):
+        t0 = time.perf_counter()
+        runner.stage(x)
+        runner.synchronize()
+        up.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        runner.fetch(out)
+        down.append(time.perf_counter() - t0)
+    return statistics.median(up) * 1e3, statistics.median(down) * 1e3
+
+
+def measure_latency(runner: Runner, x: np.ndarray, iterations: int, min_time: float, warmup: int) -> Latency:
+    """At least `iterations` timed runs and at least `min_time` seconds of them, after `warmup` untimed runs."""
+    b = len(x)
+    staged = runner.stage(x)
+    h2d, d2h = _copy_times(runner, x, staged) if runner.device == "cuda" else (None, None)
+    for _ in range(warmup):
+        runner.run(staged)
+    ms: list[float] = []
+    start = time.perf_counter()
+    while len(ms) < iterations or (time.perf_counter() - start) < min_time:
+        # one complete run in ms: wall clock, or CUDA events on the runner's own stream (TensorRT)
+        ms.append(runner.timed_run(staged))
+        if len(ms) >= MAX_RUNS:
+            break
+    mean = statistics.fmean(ms)
+    return Latency(b, len(ms), mean, _percentile(ms, 50), _percentile(ms, 90), _percentile(ms, 99),
+                   b / (mean / 1e3), h2d, d2h)
+
+
+def batch_of(data: np.ndarray, b: int) -> np.ndarray:
+    """b inputs from the data set (repeated when it is smaller than b)."""
+    reps = -(-b // len(data))
+    return np.ascontiguousarray(np.concatenate([data] * reps)[:b])

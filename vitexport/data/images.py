@@ -1,0 +1,210 @@
+"""Images -> model inputs. One implementation, shared by calibration, parity checks and bench, so they never disagree.
+
+Preprocessing follows timm's eval transform: resize keeping the aspect ratio (shorter side to size / crop_pct)
+with the manifest's interpolation, center crop to the input size, scale to [0, 1],
+normalise with mean/std. Grayscale, palette and RGBA images are converted to RGB.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import VitexportError
+from .preprocess import Preprocess
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+_FILTERS = {"bicubic": 3, "bilinear": 2, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
+
+
+def to_8bit(img):
+    """16-bit and 32-bit integer or float images -> 8-bit 'L', scaled from their real range (Pillow's own
+    conversion clips them to 255, so a 16-bit photo would come out nearly white)."""
+    from PIL import Image
+
+    if img.mode.startswith("I;16") or img.mode in ("I", "F"):
+        a = np.asarray(img, dtype=np.float64)
+        if img.mode == "F":
+            top = 1.0 if a.size and float(np.nanmax(a)) <= 1.0 else 255.0  # [0, 1] floats, else 8-bit values
+        else:
+            top = 65535.0 if img.mode.startswith("I;16") or (a.size and a.max() > 255) else 255.0
+        a = np.clip(np.nan_to_num(a) / top * 255.0, 0, 255).round().astype(np.uint8)
+        return Image.fromarray(a, mode="L")
+    return img
+
+
+def preprocess_image(img, pp: Preprocess) -> np.ndarray:
+    """A PIL image -> (3, H, W) float32, normalised."""
+    x = np.asarray(resize_and_crop(img, pp), dtype=np.float32) / 255.0  # (H, W, 3)
+    x = (x - np.asarray(pp.mean, dtype=np.float32)) / np.asarray(pp.std, dtype=np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))  # (3, H, W)
+
+
+def resize_and_crop(img, pp: Preprocess):
+    """A PIL image -> the RGB image of pp.input_size the model sees, before scaling and normalisation: upright,
+    8-bit, resized and center-cropped (what a client sends to a graph that normalises its uint8 input itself)."""
+    from PIL import Image, ImageOps
+
+    img = ImageOps.exif_transpose(img) or img  # a photo taken upright is fed upright, as torchvision users expect
+    img = to_8bit(img)
+    if img.mode != "RGB":
+        if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
+            img = img.convert("RGBA")
+            background = Image.new("RGBA", img.size, (255, 255, 255, 255))
+            img = Image.alpha_composite(background, img)
+        img = img.convert("RGB")
+    th, tw = pp.input_size
+    resample = _FILTERS.get(pp.interpolation)
+    if resample is None:
+        raise VitexportError(f"Unknown interpolation {pp.interpolation!r} in the preprocessing config.")
+    w, h = img.size
+    if th == tw:
+        scale = math.floor(th / pp.crop_pct)
+        if w <= h:
+            nw, nh = scale, int(scale * h / w)
+        else:
+            nw, nh = int(scale * w / h), scale
+    else:
+        # non-square target: keep the aspect ratio, scale so both sides cover size / crop_pct (timm's
+        # ResizeKeepRatio with longest=0)
+        sh, sw = math.floor(th / pp.crop_pct), math.floor(tw / pp.crop_pct)
+        ratio = min(h / sh, w / sw)
+        nh, nw = round(h / ratio), round(w / ratio)
+    if (nw, nh) != (w, h):
+        img = img.resize((nw, nh), resample=resample)
+    top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
+    return img.crop((left, top, left + tw, top + th))
+
+
+def load_image(path: Path, pp: Preprocess) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return preprocess_image(img, pp)
+    except Image.DecompressionBombError as e:
+        raise VitexportError(f"Image {path} is too large to decode safely ({e}); downscale it first.") from None
+    except UnidentifiedImageError:
+        raise VitexportError(f"Cannot read image {path}: it is not an image Pillow recognises; remove it from the "
+                             f"folder or convert it to PNG or JPEG.") from None
+    except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt files
+        why = (str(e).strip().splitlines() or [""])[0].rstrip(".") or "the file is damaged"
+        raise VitexportError(f"Cannot read image {path}: {why}; remove it from the folder or save it again.") from None
+
+
+def iter_batches(files: list[Path], pp: Preprocess, batch: int):
+    """Preprocessed (B, 3, H, W) batches, decoded only when asked for: memory holds one batch at a time."""
+    for i in range(0, len(files), batch):
+        yield np.stack([load_image(f, pp) for f in files[i:i + batch]])
+
+
+@dataclass
+class Dataset:
+    """Preprocessed inputs, with labels when the folder has one subfolder per class."""
+
+    x: np.ndarray  # (N, 3, H, W) float32
+    labels: np.ndarray | None  # (N,) int64
+    files: list[Path]
+    classes: list[str] | None
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def list_images(root: Path) -> list[Path]:
+    """Every image below `root`, recursively, in a deterministic order."""
+    return sorted(p for p in Path(root).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+                  and not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def select(files: list, n: int | None) -> list:
+    """Choose n items deterministically, spread evenly over the sorted list (not just the first n)."""
+    if n is None or n >= len(files):
+        return list(files)
+    idx = np.linspace(0, len(files) - 1, n).round().astype(int)
+    return [files[i] for i in sorted(set(idx.tolist()))]
+
+
+def load_folder(root: Path, pp: Preprocess, limit: int | None = None, progress=None) -> Dataset:
+    """Images (recursively) or .npy batches from a folder; labels from class subfolders (ImageFolder layout)."""
+    root = Path(root)
+    if not root.exists():
+        raise VitexportError(f"Data folder {root} does not exist.")
+    if root.is_file() and root.suffix == ".npy":
+        return _load_npy([root], pp, limit)
+    if not root.is_dir():
+        raise VitexportError(f"{root} is neither a folder of images nor a .npy file.")
+    files = list_images(root)
+    if not files:
+        npys = sorted(root.rglob("*.npy"))
+        if npys:
+            return _load_npy(npys, pp, limit)
+        raise VitexportError(f"Data folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
+    subdirs = sorted((d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                     key=lambda n: (0, int(n), n) if n.isdigit() else (1, 0, n))  # '2' before '10'
+    labelled = bool(subdirs) and all(f.parent.parent == root for f in files)
+    files = select(files, limit)
+    xs = []
+    for f in files:
+        xs.append(load_image(f, pp))
+        if progress is not None:
+            progress()
+    x = np.stack(xs)
+    if labelled:
+        classes = subdirs
+        labels = np.array([classes.index(f.parent.name) for f in files], dtype=np.int64)
+        return Dataset(x, labels, files, classes, str(root))
+    return Dataset(x, None, files, None, str(root))
+
+
+def _load_npy(paths: list[Path], pp: Preprocess, limit: int | None) -> Dataset:
+    arrays = []
+    for p in paths:
+        try:
+            a = np.load(p, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            why = (str(e).strip().splitlines() or [""])[0].rstrip(".") or "not a NumPy .npy file"
+            raise VitexportError(f"Cannot read {p}: {why}; give arrays saved with numpy.save.") from None
+        if a.dtype.kind not in "fiu":
+            raise VitexportError(f"{p} holds {a.dtype} values; give float32 preprocessed inputs.")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            bad = int(a.size - np.isfinite(a).sum())
+            raise VitexportError(f"{p} holds {bad:,} NaN or infinite values (of {a.size:,}); give finite, "
+                                 f"preprocessed inputs.")
+        if a.ndim == 3:
+            a = a[None]
+        want = (3, *pp.input_size)
+        if a.ndim != 4 or tuple(a.shape[1:]) != want:
+            raise VitexportError(f"{p} has shape {a.shape}; expected (N, {want[0]}, {want[1]}, {want[2]}) "
+                                 "preprocessed inputs.")
+        arrays.append(a.astype(np.float32))
+    x = np.concatenate(arrays)
+    if limit is not None and limit < len(x):
+        x = x[select(list(range(len(x))), limit)]
+    return Dataset(x, None, list(paths), None, ",".join(map(str, paths)))
+
+
+def labels_for_model(data: Dataset, num_classes: int) -> tuple[np.ndarray | None, str | None]:
+    """Folder labels as the model's class indices, or (None, why not).
+
+    Class folders named by integers are those class indices; otherwise the sorted folders must be exactly
+    the model's classes (as many folders as classes).
+    """
+    if data.labels is None or data.classes is None:
+        return None, None
+    if num_classes <= 0:
+        return None, "the model has no classification head"
+    if all(c.isdigit() for c in data.classes):
+        idx = np.array([int(c) for c in data.classes])
+        if idx.max() >= num_classes:
+            return None, f"class folder {idx.max()} is outside the model's {num_classes} classes"
+        return idx[data.labels], None
+    if len(data.classes) != num_classes:
+        return None, (f"{len(data.classes)} class folders do not map onto the model's {num_classes} classes "
+                      "(name the folders by class index to use a subset)")
+    return data.labels, None

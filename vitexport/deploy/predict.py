@@ -1,0 +1,176 @@
+"""`vitexport predict`: images through one backend, with the model's own preprocessing, to its top-k classes.
+
+    folder = open_model(None, user_spec("vit_digits_patch4_32"))
+    for p in predict(folder, [Path("digit.png")], backend="onnxruntime", precision="int8", top_k=3):
+        print(p.image, p.top[0].label, p.top[0].prob)
+
+The ONNX file of the precision is made first when missing (`ensure_artifact`); TensorRT needs its plan built
+(`vitexport trt`). Class names come from the manifest's label source (vitexport.model.labels).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..artifacts.folder import ModelFolder
+from ..artifacts.manifest import Manifest
+from ..backends.base import Runner
+from ..data.images import IMAGE_SUFFIXES, list_images, load_image
+from ..errors import BackendUnavailable, VitexportError
+from ..model.labels import class_names
+from ..paths import display_path
+from ..progress import QUIET, Log
+
+BACKENDS = ("onnxruntime", "pytorch", "openvino", "tensorrt")
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+@dataclass
+class ClassScore:
+    index: int  # the class index in the model's head
+    label: str  # its name (the index as text when the model has no names)
+    prob: float  # softmax probability
+
+
+@dataclass
+class Prediction:
+    image: str  # the image as the user named it (relative to the working directory when below it)
+    top: list[ClassScore]  # best first
+
+    def to_dict(self) -> dict:
+        return {"image": self.image, "top": [asdict(c) for c in self.top]}
+
+
+def collect_images(paths: Sequence[Path | str]) -> list[Path]:
+    """Files as given (decoding says whether each is an image) and the images below each folder, in order."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise VitexportError(f"{p} does not exist.")
+        if p.is_dir():
+            found = list_images(p)
+            if not found:
+                raise VitexportError(f"{p} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
+            files += found
+        else:
+            files.append(p)
+    if not files:
+        raise VitexportError("No images given.")
+    return files
+
+
+def top_classes(logits: np.ndarray, k: int, names: list[str]) -> list[list[ClassScore]]:
+    """Softmax over each row of (B, C) logits, then its k most probable classes."""
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    probs = z / z.sum(axis=1, keepdims=True)
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    return [[ClassScore(int(i), names[i] if i < len(names) else str(i), float(row[i])) for i in idx]
+            for row, idx in zip(probs, order)]
+
+
+# -- runners -------------------------------------------------------------------------------------------------------
+
+def _runner_factories(folder: ModelFolder, manifest: Manifest, backend: str, precision: str,
+                      log: Log) -> list[Callable[[], Runner]]:
+    """Ways to run the model on `backend` at `precision`, best first (a GPU where there is one, then the CPU)."""
+    from ..environment import cuda_gpu
+
+    io = {"input_name": manifest.input_name, "output_name": manifest.output_name}
+    gpu = cuda_gpu() is not None
+    if backend == "pytorch":
+        if precision == "int8":
+            raise VitexportError("PyTorch runs fp32 (or fp16 on a CUDA GPU); run INT8 on onnxruntime, openvino or "
+                                 "tensorrt.")
+        from ..backends.torch_backend import TorchRunner
+        from ..export.torch_model import model_from_manifest
+
+        model = model_from_manifest(manifest)
+        devices = ["cuda"] if precision == "fp16" else (["cuda", "cpu"] if gpu else ["cpu"])
+        return [lambda d=d: TorchRunner(model, precision, d) for d in devices]
+    if backend == "tensorrt":
+        from ..backends.tensorrt import TensorRTRunner
+
+        return [lambda: TensorRTRunner(folder.plan(precision))]
+    from ..ensure import ensure_artifact
+
+    path = ensure_artifact(folder, precision, log=log).path
+    if backend == "openvino":
+        try:
+            from ..backends.openvino_backend import OpenVinoRunner
+        except ImportError:
+            raise BackendUnavailable("This vitexport has no OpenVINO backend.") from None
+        return [lambda: OpenVinoRunner(path, precision, **io)]
+    from ..backends.ort_backend import OrtRunner
+
+    return [lambda ep=ep: OrtRunner(path, precision, ep, **io) for ep in (["cuda", "cpu"] if gpu else ["cpu"])]
+
+
+def open_runner(folder: ModelFolder, backend: str, precision: str, log: Log = QUIET) -> Runner:
+    """A loaded runner of the model in `folder`; BackendUnavailable (one sentence) when none can run here."""
+    if backend not in BACKENDS:
+        raise VitexportError(f"Unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}.")
+    if precision not in PRECISIONS:
+        raise VitexportError(f"Unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}.")
+    reasons = []
+    for make in _runner_factories(folder, folder.read_manifest(), backend, precision, log):
+        runner = make()
+        try:
+            runner.load()
+        except BackendUnavailable as e:
+            reasons.append(f"{runner.name}: {e}")
+            continue
+        log.info(f"Running on {runner.name}.")
+        return runner
+    raise BackendUnavailable(f"{backend} cannot run the {precision.upper()} model here ({'; '.join(reasons)}).")
+
+
+# -- the job ---------------------------------------------------------------------------------------------------------
+
+def predict(folder: ModelFolder, images: Sequence[Path | str], *, backend: str = "onnxruntime",
+            precision: str = "fp32", top_k: int = 5, batch: int = 8, log: Log = QUIET) -> list[Prediction]:
+    """The top-k classes of every image (files, or folders searched recursively), one Prediction each."""
+    if top_k < 1:
+        raise VitexportError(f"--top-k must be at least 1, not {top_k}.")
+    manifest = folder.read_manifest()
+    if manifest.num_classes <= 0:
+        raise VitexportError(f"{folder.path} holds a feature extractor (no classification head); predict needs "
+                             f"a classifier.")
+    if manifest.checkpoint is None:
+        log.warn(f"{folder.path} holds random weights: its classes are meaningless.")
+    names = class_names(manifest)
+    files = collect_images(images)
+    k = min(top_k, manifest.num_classes)
+    first = np.stack([load_image(f, manifest.preprocess) for f in files[:batch]])  # a bad image fails before work
+    out: list[Prediction] = []
+    runner = open_runner(folder, backend, precision, log)
+    try:
+        for start in range(0, len(files), batch):
+            chunk = files[start:start + batch]
+            x = first if start == 0 else np.stack([load_image(f, manifest.preprocess) for f in chunk])
+            tops = top_classes(runner.infer_all(x, chunk=batch), k, names)
+            out += [Prediction(display_path(f), top) for f, top in zip(chunk, tops)]
+    finally:
+        runner.close()
+    return out
+
+
+def to_json(predictions: list[Prediction]) -> str:
+    return json.dumps([p.to_dict() for p in predictions], indent=2)
+
+
+def to_table(predictions: list[Prediction], max_label: int = 48) -> str:
+    """Per image: its path, then one row per class: rank, class index, label, probability."""
+    label_width = min(max_label, max([5] + [len(c.label) for p in predictions for c in p.top]))
+    lines: list[str] = []
+    for p in predictions:
+        lines += [p.image, f"  {'rank':>4}  {'class':>5}  {'label':<{label_width}}  {'prob':>7}"]
+        for rank, c in enumerate(p.top, 1):
+            label = c.label if len(c.label) <= label_width else c.label[:label_width - 3] + "..."
+            lines.append(f"  {rank:>4}  {c.index:>5}  {label:<{label_width}}  {c.prob:>7.4f}")
+    return "\n".join(lines)

@@ -1,0 +1,301 @@
+"""`vitexport triton`: one model of a folder as a Triton Inference Server model repository entry.
+
+    REPO/NAME/config.pbtxt     platform, max_batch_size, inputs/outputs, dynamic_batching, instance_group
+    REPO/NAME/labels.txt       class names, wired to the output through label_filename (classification extension)
+    REPO/NAME/1/model.onnx     the ONNX of the precision (onnxruntime_onnx) ...
+    REPO/NAME/1/model.plan     ... or its TensorRT plan (tensorrt_plan)
+
+With `uint8_input`, the ONNX takes uint8 pixels (B, 3, H, W), already resized and center-cropped
+(data.resize_and_crop), and normalises them inside the graph, so clients need not know the mean and std.
+
+Names, data types and dims come from the model file: the ONNX graph itself, or for a plan the ONNX it was built
+from (a strongly typed build keeps its interface) named by the plan's sidecar, whose profile gives the largest
+batch. The entry is written in a staging folder and renamed into place, so Triton never sees half of it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..artifacts.folder import TRITON_LABELS, ModelFolder, TritonModelFolder, external_data_of, onnx_digest
+from ..data.preprocess import Preprocess
+from ..errors import VitexportError
+from ..model.labels import class_names
+from ..paths import sha256_file
+from ..progress import QUIET, Log
+
+FORMATS = {"onnx": "onnxruntime_onnx", "plan": "tensorrt_plan"}  # --format -> Triton's platform
+DEFAULT_MAX_BATCH = 32  # for an ONNX with a symbolic batch axis (a plan's comes from its profile)
+# ONNX TensorProto element types -> Triton data types
+TRITON_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
+                7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64",
+                12: "TYPE_UINT32", 13: "TYPE_UINT64", 16: "TYPE_BF16"}
+
+
+@dataclass
+class TritonOptions:
+    precision: str = "fp32"  # 'fp32' | 'fp16' | 'int8'
+    format: str = "onnx"  # 'onnx' | 'plan'
+    name: str | None = None  # the model's name in the repository; None: <variant>-<precision>[-plan]
+    max_batch: int | None = None  # None: 32 for an ONNX, the profile's largest batch for a plan
+    instances: int = 1  # model instances per device (instance_group count)
+    force: bool = False  # replace REPO/NAME when it holds another model
+    uint8_input: bool = False  # ONNX only: uint8 pixels in, the normalisation inside the graph
+
+
+@dataclass
+class TensorConfig:
+    name: str
+    data_type: str  # 'TYPE_FP32', ...
+    dims: list[int]  # without the batch axis when the model is batched; -1: any size
+
+
+@dataclass
+class TritonModel:
+    folder: TritonModelFolder  # REPO/NAME, written
+    platform: str
+    max_batch_size: int  # 0: the model takes no batch axis
+    inputs: list[TensorConfig]
+    outputs: list[TensorConfig]
+    source: Path  # the model file copied in
+    config_text: str  # config.pbtxt
+
+
+# -- the model's interface ---------------------------------------------------------------------------------------
+
+def graph_io(onnx_path: Path) -> tuple[list[TensorConfig], list[TensorConfig], bool]:
+    """(inputs, outputs, batched) of an ONNX graph; batched: every tensor's first axis is symbolic."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    except Exception as e:  # a damaged file: protobuf's DecodeError, or OSError
+        raise VitexportError(f"{onnx_path} is not a readable ONNX model ({e.__class__.__name__}).") from None
+    init = {i.name for i in graph.initializer}
+    tensors = [[v for v in graph.input if v.name not in init], list(graph.output)]
+    shapes = [[[d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim] for v in vs]
+              for vs in tensors]
+    batched = all(shape and not v.type.tensor_type.shape.dim[0].HasField("dim_value")
+                  for vs, ss in zip(tensors, shapes) for v, shape in zip(vs, ss))
+    out: list[list[TensorConfig]] = []
+    for vs, ss in zip(tensors, shapes):
+        configs = []
+        for v, shape in zip(vs, ss):
+            elem = v.type.tensor_type.elem_type
+            if elem not in TRITON_TYPES:
+                raise VitexportError(f"{onnx_path.name}: {v.name} has ONNX element type {elem}, which Triton has no "
+                                     f"type for.")
+            configs.append(TensorConfig(v.name, TRITON_TYPES[elem], shape[1:] if batched else shape))
+        out.append(configs)
+    return out[0], out[1], batched
+
+
+def render_config(name: str, platform: str, max_batch_size: int, inputs: list[TensorConfig],
+                  outputs: list[TensorConfig], instances: int, kind: str, label_output: str | None) -> str:
+    """config.pbtxt in protobuf text format (Triton's ModelConfig)."""
+
+    def tensor(t: TensorConfig, labels: bool) -> str:
+        label = f'\n    label_filename: "{TRITON_LABELS}"' if labels else ""
+        return (f'  {{\n    name: "{t.name}"\n    data_type: {t.data_type}\n'
+                f'    dims: [ {", ".join(map(str, t.dims))} ]{label}\n  }}')
+
+    lines = [f'name: "{name}"', f'platform: "{platform}"', f"max_batch_size: {max_batch_size}",
+             "input [\n" + ",\n".join(tensor(t, False) for t in inputs) + "\n]",
+             "output [\n" + ",\n".join(tensor(t, t.name == label_output) for t in outputs) + "\n]"]
+    if max_batch_size > 0:
+        lines.append("dynamic_batching { }")
+    lines.append(f"instance_group [\n  {{\n    count: {instances}\n    kind: {kind}\n  }}\n]")
+    return "\n".join(lines) + "\n"
+
+
+def pixel_input_graph(src: Path, dst: Path, pp: Preprocess) -> None:
+    """Write the graph of `src` behind a uint8 input of the same name and shape: Cast, then x / (255 std) - mean / std,
+    which is data.preprocess_image's (x / 255 - mean) / std."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(src))  # external data too: the file written holds the whole model
+    graph = model.graph
+    old = graph.input[0]
+    name, elem = old.name, old.type.tensor_type.elem_type
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    for node in graph.node:
+        node.input[:] = [f"{name}_normalised" if x == name else x for x in node.input]
+    mean, std = (np.asarray(v, np.float64).reshape(1, 3, 1, 1) for v in (pp.mean, pp.std))
+    graph.initializer.extend([numpy_helper.from_array((1.0 / (255.0 * std)).astype(dtype), f"{name}_scale"),
+                              numpy_helper.from_array((mean / std).astype(dtype), f"{name}_shift")])
+    steps = [helper.make_node("Cast", [name], [f"{name}_float"], to=elem, name="pixels_cast"),
+             helper.make_node("Mul", [f"{name}_float", f"{name}_scale"], [f"{name}_scaled"], name="pixels_scale"),
+             helper.make_node("Sub", [f"{name}_scaled", f"{name}_shift"], [f"{name}_normalised"], name="pixels_shift")]
+    nodes = steps + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    shape = [d.dim_param or d.dim_value for d in old.type.tensor_type.shape.dim]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.UINT8, shape)] + list(graph.input)[1:]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    external = external_data_of(src).is_file()
+    onnx.save(model, str(dst), save_as_external_data=external, all_tensors_to_one_file=True,
+              location=external_data_of(dst).name)
+
+
+# -- which file --------------------------------------------------------------------------------------------------
+
+def _onnx_source(folder: ModelFolder, opts: TritonOptions, log: Log) -> tuple[Path, Path, int | None]:
+    """(model file, the ONNX describing its interface, the largest batch it takes or None: any)."""
+    from ..ensure import ensure_artifact
+
+    path = ensure_artifact(folder, opts.precision, log=log).path
+    return path, path, None
+
+
+def _plan_source(folder: ModelFolder, opts: TritonOptions, log: Log) -> tuple[Path, Path, int | None]:
+    """The plan (built when missing or made from an earlier ONNX), its source ONNX and its profile's max batch."""
+    from ..artifacts.sidecar import read_sidecar
+    from ..ensure import build_plan
+    from ..tensorrt_engine.options import BuildOptions
+
+    plan, sidecar_path = folder.plan(opts.precision), folder.sidecar(opts.precision)
+    sidecar = read_sidecar(sidecar_path) if plan.is_file() and sidecar_path.is_file() else None
+    source = folder.path / str(sidecar.get("source_onnx") or "") if sidecar else None
+    stale = sidecar is not None and (source is None or not source.is_file()
+                                     or sidecar.get("source_onnx_sha256") != onnx_digest(source))
+    if sidecar is None or stale:
+        log.info(f"{'Rebuilding' if stale else 'Building'} {plan.name} for the repository.")
+        biggest = opts.max_batch or DEFAULT_MAX_BATCH
+        result = build_plan(folder, BuildOptions(precision=opts.precision, min_batch=1,
+                                                 opt_batch=min(8, biggest), max_batch=biggest), log=log)
+        sidecar, source = result.sidecar, result.onnx_path
+    mn, mx = sidecar["profile"]["min"][0], sidecar["profile"]["max"][0]
+    if mn > 1:
+        raise VitexportError(f"{plan.name} takes batches of {mn} to {mx}, but Triton sends batches from 1; rebuild "
+                             f"it with `vitexport trt {folder.path} --{opts.precision} --min-batch 1`.")
+    if opts.max_batch is not None and opts.max_batch > mx:
+        raise VitexportError(f"{plan.name} takes batches up to {mx}; rebuild it with `vitexport trt {folder.path} "
+                             f"--{opts.precision} --max-batch {opts.max_batch}` or ask for --max-batch {mx} or less.")
+    return plan, source, int(mx)
+
+
+# -- writing -----------------------------------------------------------------------------------------------------
+
+def _check_name(name: str) -> str:
+    if not name or name in (".", "..") or any(c in name for c in "/\\") or name.startswith("."):
+        raise VitexportError(f"{name!r} cannot be a Triton model name (a folder name, not starting with '.').")
+    return name
+
+
+def _check_existing(target: TritonModelFolder, model_sha: str, force: bool) -> None:
+    """REPO/NAME may be replaced when it is absent, empty, holds this same model file, or --force says so."""
+    if not target.path.exists():
+        return
+    if not target.path.is_dir():
+        raise VitexportError(f"{target.path} exists and is not a folder.")
+    present = target.models()
+    same = bool(present) and all(sha256_file(p) == model_sha for p in present)
+    if force or same or not any(target.path.iterdir()):
+        return
+    raise VitexportError(f"{target.path} already holds another model; pass --force to replace it, or --name to "
+                         f"write this one beside it.")
+
+
+def _stage_model(staging: TritonModelFolder, opts: TritonOptions, model: Path, pp: Preprocess) -> Path:
+    """The model file in the staging folder: a copy (an ONNX keeps its external data's name beside it), or the
+    graph behind a uint8 input."""
+    staging.version_dir.mkdir(parents=True)
+    staged = staging.model(opts.format)
+    if opts.uint8_input:
+        pixel_input_graph(model, staged, pp)
+        return staged
+    shutil.copyfile(model, staged)
+    data = external_data_of(model)
+    if opts.format == "onnx" and data.is_file():
+        shutil.copyfile(data, staging.version_dir / data.name)
+    return staged
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Rename the staged folder into place; a previous one is moved aside first and removed after."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        old.rmdir()
+        os.replace(target, old)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log: Log = QUIET) -> TritonModel:
+    """Write REPO/NAME for the model in `folder` (see the module's docstring)."""
+    if opts.format not in FORMATS:
+        raise VitexportError(f"Unknown format {opts.format!r}; choose one of: {', '.join(FORMATS)}.")
+    if opts.instances < 1 or (opts.max_batch is not None and opts.max_batch < 1):
+        raise VitexportError("--instances and --max-batch must be at least 1.")
+    if opts.uint8_input and opts.format != "onnx":
+        raise VitexportError("--uint8-input is for --format onnx; a plan's input is the one it was built with.")
+    manifest = folder.read_manifest()
+    repo = Path(repo)
+    name = _check_name(opts.name or f"{manifest.variant}-{opts.precision}" + ("-plan" if opts.format == "plan" else "")
+                       + ("-uint8" if opts.uint8_input else ""))
+    target = TritonModelFolder(repo / name)
+    if repo.exists() and not repo.is_dir():
+        raise VitexportError(f"{repo} exists and is not a folder.")
+    model, describing, plan_max = (_plan_source if opts.format == "plan" else _onnx_source)(folder, opts, log)
+    repo.mkdir(parents=True, exist_ok=True)
+    staging = TritonModelFolder(tempfile.mkdtemp(prefix=f".{name}.", suffix=".staging", dir=repo))
+    try:
+        staged = _stage_model(staging, opts, model, manifest.preprocess)
+        _check_existing(target, sha256_file(staged), opts.force)
+        inputs, outputs, batched = graph_io(staged if opts.format == "onnx" else describing)
+        # a graph with a fixed batch axis gets max_batch_size 0: Triton passes whole tensors through
+        max_batch = (opts.max_batch or plan_max or DEFAULT_MAX_BATCH) if batched else 0
+        labels = class_names(manifest)
+        label_output = next((o.name for o in outputs if batched and o.dims == [len(labels)]), None)
+        kind = "KIND_GPU" if opts.format == "plan" else "KIND_AUTO"
+        config = render_config(name, FORMATS[opts.format], max_batch, inputs, outputs, opts.instances, kind,
+                               label_output if labels else None)
+        if labels and label_output:
+            staging.labels.write_text("\n".join(labels) + "\n")
+        staging.config.write_text(config)
+        _swap_in(staging.path, target.path)
+    finally:
+        shutil.rmtree(staging.path, ignore_errors=True)
+    log.info(f"Wrote {target.path} ({FORMATS[opts.format]}, max batch {max_batch}).")
+    return TritonModel(target, FORMATS[opts.format], max_batch, inputs, outputs, model, config)
+
+
+def serve_instructions(result: TritonModel, folder: ModelFolder) -> str:
+    """How to start Triton on the repository, and one request that classifies an image with this model."""
+    repo = result.folder.path.parent.resolve()
+    inp, out = result.inputs[0], result.outputs[0]
+    pixels = ('x = np.asarray(resize_and_crop(Image.open("IMAGE.jpg"), pp)).transpose(2, 0, 1)[None].copy()  # uint8'
+              if inp.data_type == "TYPE_UINT8" else 'x = load_image("IMAGE.jpg", pp)[None]  # normalised float32')
+    note = ("; the plan runs only on the TensorRT version that built it, so pick the release that ships that "
+            "TensorRT" if result.platform == "tensorrt_plan" else "; leave out --gpus all to serve on the CPU")
+    return f"""Start Triton on the repository (NGC container; YY.MM: a tritonserver release{note}):
+  docker run --rm --gpus all -p 8000:8000 -p 8001:8001 -p 8002:8002 -v {repo}:/models \\
+      nvcr.io/nvidia/tritonserver:YY.MM-py3 tritonserver --model-repository=/models
+Ask it about one image (pip install tritonclient[http]; the preprocessing is the model's own):
+  python - <<'EOF'
+  import numpy as np, tritonclient.http as tc
+  from PIL import Image
+  from vitexport.data.images import load_image, resize_and_crop
+  from vitexport.artifacts.manifest import read_manifest
+  pp = read_manifest("{folder.manifest_path.resolve()}").preprocess
+  {pixels}
+  client = tc.InferenceServerClient("localhost:8000")
+  pixels = tc.InferInput("{inp.name}", list(x.shape), "{inp.data_type.removeprefix('TYPE_')}")
+  pixels.set_data_from_numpy(x)
+  top5 = tc.InferRequestedOutput("{out.name}", class_count=5)  # 'score:index:label' via labels.txt
+  print(client.infer("{result.folder.name}", [pixels], outputs=[top5]).as_numpy("{out.name}"))
+  EOF"""

@@ -1,0 +1,48 @@
+"""The export's proof: the ONNX file run by ONNX Runtime against the PyTorch model, on the same inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..artifacts.manifest import BatchCheck
+from ..backends.ort_session import create_session
+from ..errors import ParityError
+from ..model.vit import VisionTransformer
+from ..parity.compare import Thresholds, compare, export_thresholds
+from ..progress import QUIET, Log
+from .to_onnx import INPUT_NAME, OUTPUT_NAME
+
+
+def check_onnx_against_torch(onnx_path: Path, model: VisionTransformer, batches: tuple[int, ...] = (1, 3),
+                             thresholds: Thresholds | None = None, seed: int = 0,
+                             log: Log = QUIET) -> list[BatchCheck]:
+    """Run the ONNX in ONNX Runtime (CPU) and the model in PyTorch on the same random inputs, per batch size."""
+    thresholds = thresholds or export_thresholds()
+    sess = create_session(onnx_path)
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.cfg
+    checks = []
+    for b in batches:
+        x = torch.randn(b, cfg.in_chans, *cfg.img_size, generator=gen)
+        with torch.no_grad():
+            ref = model(x).numpy()
+        out = sess.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0]
+        if out.shape != ref.shape:
+            raise ParityError(f"ONNX output shape {out.shape} differs from PyTorch {ref.shape} at batch {b}.")
+        verdict = thresholds.judge(compare(ref, out))
+        checks.append(BatchCheck(b, verdict.stats, verdict.passed))
+        log.info(f"batch {b:>3}: max abs diff {verdict.stats.max_abs:.2e}, min cosine {verdict.stats.cos_min:.7f} "
+                 f"-> {'ok' if verdict.passed else 'FAIL'}")
+    return checks
+
+
+def require_parity(checks: list[BatchCheck], thresholds: Thresholds) -> None:
+    """ParityError (exit 1) naming the worst figures when any batch missed."""
+    if all(c.passed for c in checks):
+        return
+    worst = max(c.stats.max_abs for c in checks)
+    cos = min(c.stats.cos_min for c in checks)
+    raise ParityError(f"ONNX Runtime and PyTorch disagree: max abs diff {worst:.3g} (allowed {thresholds.max_abs:g}), "
+                      f"min cosine {cos:.7f} (allowed {thresholds.cos_min:g}); the previous model (if any) was kept.")

@@ -1,0 +1,141 @@
+"""`vitexport onnx` as a library call: build -> export -> check against PyTorch -> manifest.
+
+A failed check never replaces a previous good model; an export of other weights never silently replaces an
+existing one (force=True does); files made from a previous export with other bytes are removed.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..artifacts.folder import ModelFolder
+from ..artifacts.manifest import BatchCheck, ExportParity, Manifest
+from ..artifacts.workspace import writing
+from ..environment import versions
+from ..errors import VitexportError
+from ..model.spec import ExportOptions, ModelSpec
+from ..parity.compare import export_thresholds
+from ..paths import sha256_file
+from ..preflight import check_export, check_opset
+from ..progress import QUIET, Log
+from .check import check_onnx_against_torch, require_parity
+from .to_onnx import INPUT_NAME, OUTPUT_NAME, onnx_metadata, staged_onnx
+from .torch_model import BuiltModel, build
+
+
+@dataclass
+class ExportResult:
+    folder: ModelFolder
+    onnx_path: Path
+    manifest: Manifest
+    checks: list[BatchCheck]
+    notes: list[str]
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.folder.manifest_path
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+
+def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int) -> Manifest:
+    """The manifest of an export, before its file exists (no digests, no parity yet)."""
+    cfg, ckpt = built.model.cfg, built.checkpoint
+    classes_or_width = cfg.num_classes or cfg.embed_dim
+    return Manifest(
+        variant=spec.variant, img_size=cfg.img_size, patch_size=cfg.patch_size, grid=cfg.grid_size,
+        num_classes=cfg.num_classes,
+        config={k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.to_dict().items()},
+        preprocess=built.preprocess,
+        checkpoint=None if ckpt is None else ckpt.record(), labels=built.labels,
+        seed=spec.seed if ckpt is None else None, pos_embed_interp=spec.pos_embed_interp, opset=opset,
+        onnx=onnx_name, input_name=INPUT_NAME, output_name=OUTPUT_NAME,
+        input_shape=["batch", cfg.in_chans, *cfg.img_size],
+        output_shape=["batch", classes_or_width] if cfg.global_pool else ["batch", "tokens", classes_or_width],
+        versions=versions(with_python=True),
+    )
+
+
+def _target(spec: ModelSpec, output: Path | None, built: BuiltModel) -> ModelFolder:
+    folder = ModelFolder.for_output(output) if output is not None else \
+        ModelFolder.default_for(spec.variant, built.model.cfg.img_size)
+    if folder.onnx().is_dir():
+        raise VitexportError(f"Output {folder.onnx()} is a folder; give a folder or a .onnx file path.")
+    return folder.create()
+
+
+def _previous(folder: ModelFolder, manifest: Manifest, force: bool) -> Manifest | None:
+    """The manifest of the export already in the folder (None if unreadable); refuses another model without force,
+    and a folder whose manifest cannot be read (so nobody can tell what it holds) too."""
+    if not folder.has_manifest():
+        return None
+    try:
+        previous = folder.read_manifest()
+    except VitexportError as e:
+        held = [p for p in [folder.onnx(), *folder.derived_files()] if p.exists()]
+        if held and not force:
+            why = str(e).split(";")[0].rstrip(".")
+            raise VitexportError(f"{folder.path} holds {held[0].name}, but its manifest cannot be read ({why}), so "
+                                 f"nothing says which model it is; pass --force to replace it, or --output to write "
+                                 f"elsewhere.") from None
+        return None
+    present = folder.onnx().exists() or (folder.path / previous.onnx).exists()
+    if present and not force and previous.provenance() != manifest.provenance():
+        raise VitexportError(f"{folder.path} already holds an export of another model or checkpoint; pass --force "
+                             f"to replace it or --output to write elsewhere.")
+    return previous
+
+
+def _keep_or_remove_derived(folder: ModelFolder, manifest: Manifest, previous: Manifest | None, log: Log) -> None:
+    """Same bytes as before: derived models stay valid. Other bytes: remove them rather than leave a mismatch."""
+    if previous is not None and previous.onnx_sha256 == manifest.onnx_sha256:
+        manifest.precisions = previous.precisions
+        return
+    for stale in folder.derived_files():
+        if stale.exists():
+            stale.unlink()
+            log.info(f"Removed {stale.name}: it was made from the previous model.")
+
+
+def run_export(spec: ModelSpec, output: Path | None = None, opts: ExportOptions | None = None,
+               log: Log = QUIET) -> ExportResult:
+    """Build -> export -> check -> manifest. Raises ParityError (exit 1) when ONNX and PyTorch disagree.
+
+    Refused before any work: an opset the installed onnx does not know, an --img-size or check batch that cannot
+    fit in memory. The folder is locked from the check of what it holds to the manifest (workspace.writing).
+    """
+    opts = opts or ExportOptions()
+    check_opset(opts.opset)
+    check_export(spec, opts.check_batches)
+    with log.step(f"Building {spec.variant}"):
+        built = build(spec)
+    for n in built.notes:
+        log.warn(n) if ("untrained" in n or "meaningless" in n or "dropped" in n) else log.info(n)
+    folder = _target(spec, output, built)
+    with writing(folder, log, temporaries=False):  # torch keeps its own cache under the system's temp folder
+        return _export_into(folder, spec, built, opts, log)
+
+
+def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: ExportOptions,
+                 log: Log) -> ExportResult:
+    onnx_path = folder.onnx()
+    manifest = new_manifest(spec, built, onnx_path.name, opts.opset)
+    previous = _previous(folder, manifest, opts.force)
+    thresholds = export_thresholds(opts.atol)
+    meta = onnx_metadata(spec.variant, built.preprocess, built.model.cfg.num_classes, spec.pos_embed_interp)
+    batches = ", ".join(map(str, opts.check_batches))
+    with ExitStack() as stack:  # the export is moved into place only after its check passed
+        with log.step(f"Exporting ONNX (opset {opts.opset}, symbolic batch)"):
+            staged = stack.enter_context(staged_onnx(built.model, onnx_path, opts.opset, meta))
+        with log.step(f"Checking ONNX Runtime against PyTorch at batch {batches}"):
+            checks = check_onnx_against_torch(staged, built.model, opts.check_batches, thresholds, log=log)
+        require_parity(checks, thresholds)
+    manifest.parity = ExportParity(opts.atol, checks)
+    manifest.onnx_sha256, manifest.onnx_bytes = sha256_file(onnx_path), onnx_path.stat().st_size
+    _keep_or_remove_derived(folder, manifest, previous, log)
+    folder.write_manifest(manifest)
+    return ExportResult(folder, onnx_path, manifest, checks, built.notes)

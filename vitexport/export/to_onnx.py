@@ -1,0 +1,161 @@
+"""PyTorch -> ONNX: a symbolic batch axis, readable node names, the preprocessing in the metadata, written atomically.
+
+Models over protobuf's 2 GB cap keep their weights in an external data file beside the graph
+(`model.onnx.data`). Graph and data are written to temporaries, checked, and renamed into place data first,
+so a reader never sees a graph without its weights and a failed check never replaces a good model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .. import __version__
+from ..artifacts.folder import external_data_of
+from ..data.preprocess import Preprocess
+from ..errors import VitexportError
+from ..model.spec import DEFAULT_OPSET, MIN_OPSET
+from ..model.vit import VisionTransformer
+from ..paths import atomic_path
+
+INPUT_NAME = "pixel_values"
+OUTPUT_NAME = "logits"
+PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2  # stay clear of protobuf's 2 GiB cap: larger models use external data
+
+
+def _scope_of(node) -> str:
+    """The module path a node came from ('blocks.0.attn.qkv'), read from the exporter's metadata."""
+    for p in node.metadata_props:
+        if p.key == "namespace":
+            mods = [part.split(":")[0].strip() for part in p.value.split("/")[:-1]]
+            mods = [m for m in mods if m]
+            return mods[-1] if mods else ""
+    return ""
+
+
+def _tidy_graph(model_proto) -> None:
+    """Readable, stable node names ('blocks.3.mlp.fc1/MatMul') and no exporter metadata (it holds local paths)."""
+    seen: dict[str, int] = {}
+    for node in model_proto.graph.node:
+        scope = _scope_of(node)
+        base = f"{scope}/{node.op_type}" if scope else node.op_type
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        node.name = base if count == 0 else f"{base}_{count}"
+        del node.metadata_props[:]
+    for vi in list(model_proto.graph.input) + list(model_proto.graph.output):
+        del vi.metadata_props[:]
+    del model_proto.metadata_props[:]
+
+
+def onnx_metadata(variant: str, preprocess: Preprocess, num_classes: int, pos_embed_interp: str) -> dict[str, str]:
+    """What a runtime needs to feed the graph, stored in the ONNX file itself."""
+    return {"vitexport.version": __version__, "vitexport.variant": variant,
+            "vitexport.preprocess": json.dumps(preprocess.to_dict()),
+            "input_size": json.dumps(list(preprocess.input_size)), "mean": json.dumps(list(preprocess.mean)),
+            "std": json.dumps(list(preprocess.std)), "crop_pct": str(preprocess.crop_pct),
+            "interpolation": preprocess.interpolation, "num_classes": str(num_classes),
+            "pos_embed_interp": pos_embed_interp}
+
+
+def _trace(model: VisionTransformer, opset: int, example_batch: int):
+    """The model as an ONNX ModelProto with a symbolic batch axis."""
+    model = model.eval()
+    model.set_fused_attn(False)  # explicit MatMul/Softmax: what every runtime and quantizer understands
+    cfg = model.cfg
+    x = torch.randn(example_batch, cfg.in_chans, *cfg.img_size)
+    batch = torch.export.Dim("batch", min=1, max=65536)
+    # the exporter logs a failed conversion to another opset with a traceback, then carries on with its own opset
+    quiet = [logging.getLogger(name) for name in ("onnxscript", "torch.onnx")]
+    levels = [q.level for q in quiet]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        for q in quiet:
+            q.setLevel(logging.CRITICAL)
+        try:
+            program = torch.onnx.export(
+                model, (x,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                dynamic_shapes={"x": {0: batch}}, opset_version=opset, optimize=True, verbose=False,
+            )
+        finally:
+            for q, level in zip(quiet, levels):
+                q.setLevel(level)
+    got = {o.domain: o.version for o in program.model_proto.opset_import}.get("", opset)
+    if got != opset:
+        raise VitexportError(f"--opset {opset} is out of reach: torch.onnx's exporter could not convert this graph "
+                             f"to it (the graph stays at opset {got}); use a lower --opset (default {DEFAULT_OPSET}).")
+    return program.model_proto
+
+
+def export_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_OPSET,
+                metadata: dict[str, str] | None = None, example_batch: int = 2) -> Path:
+    """Export with a symbolic batch axis to `out_path` atomically (external data beside it for > 2 GB models)."""
+    with staged_onnx(model, out_path, opset, metadata, example_batch):
+        pass
+    return Path(out_path)
+
+
+@contextmanager
+def staged_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_OPSET,
+                metadata: dict[str, str] | None = None, example_batch: int = 2) -> Iterator[Path]:
+    """Export to a temporary beside `out_path` and yield it; it replaces `out_path` only if the block succeeds.
+
+    The block checks the temporary (ONNX Runtime against PyTorch); raising there keeps the previous file.
+    """
+    if opset < MIN_OPSET:
+        raise VitexportError(f"--opset {opset} is too old: LayerNormalization needs opset {MIN_OPSET} or newer.")
+    if example_batch < 2:
+        raise VitexportError("The example batch must be at least 2 (size-1 dimensions get specialised).")
+    out_path, data_path = Path(out_path), external_data_of(out_path)
+    proto = _trace(model, opset, example_batch)
+    _tidy_graph(proto)
+    for k, v in (metadata or {}).items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = k, v
+    proto.producer_name, proto.producer_version = "vitexport", __version__
+    external = sum(p.numel() * p.element_size() for p in model.state_dict().values()) > PROTOBUF_LIMIT
+    with ExitStack() as stack:
+        tmp = stack.enter_context(atomic_path(out_path, suffix=".onnx"))
+        # entered last, so renamed first: the data is in place before the graph that needs it
+        tmp_data = stack.enter_context(atomic_path(data_path, suffix=".data")) if external else None
+        _save(proto, tmp, tmp_data)
+        yield tmp
+        if tmp_data is not None:
+            _relink_external_data(tmp, data_path.name)
+    if not external and data_path.exists():
+        data_path.unlink()  # left by an earlier, larger export of this name
+
+
+def _save(proto, path: Path, data_path: Path | None) -> None:
+    """Write (and check) a graph; its weights go to `data_path` when given."""
+    import onnx
+
+    try:
+        if data_path is not None:
+            onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_path.name, size_threshold=1024)
+        else:
+            onnx.save_model(proto, path)
+        onnx.checker.check_model(str(path))  # by path: works for external data
+    except onnx.checker.ValidationError as e:
+        raise VitexportError(f"The exported ONNX failed onnx.checker: {str(e).splitlines()[0]}") from None
+    except OSError as e:
+        raise VitexportError(f"Could not write {path}: {e.strerror or e}.") from None
+
+
+def _relink_external_data(onnx_path: Path, location: str) -> None:
+    """Point the tensors of a written graph at the final data file name."""
+    import onnx
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    for init in proto.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save_model(proto, str(onnx_path))

@@ -1,0 +1,72 @@
+"""The PyTorch model: built from a spec (for an export), or rebuilt from a manifest (for the bench and tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..artifacts.manifest import LabelsRecord, Manifest
+from ..data.preprocess import Preprocess
+from ..errors import VitexportError
+from ..model.checkpoints import Checkpoint, load_checkpoint, load_into
+from ..model.labels import labels_record
+from ..model.posembed import INTERPOLATIONS
+from ..model.spec import ModelSpec
+from ..model.variants import get_variant
+from ..model.vit import VisionTransformer, ViTConfig, build_model
+
+
+@dataclass
+class BuiltModel:
+    model: VisionTransformer  # in eval mode, weights loaded
+    preprocess: Preprocess  # how images become its input
+    checkpoint: Checkpoint | None  # the weights read; None: random
+    notes: list[str] = field(default_factory=list)  # what the user should know (resized, dropped head, ...)
+    labels: LabelsRecord | None = None  # where its class names come from (None: it outputs features)
+
+
+def build(spec: ModelSpec) -> BuiltModel:
+    """Build the reference model and load its weights (random but deterministic without a checkpoint)."""
+    if spec.pos_embed_interp not in INTERPOLATIONS:
+        raise VitexportError(f"Unknown --pos-embed-interp {spec.pos_embed_interp!r}; choose one of: "
+                             f"{', '.join(INTERPOLATIONS)}.")
+    variant = get_variant(spec.variant)
+    ckpt_path = spec.resolved_checkpoint()
+    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
+    overrides = {k: ckpt.hints[k] for k in ("norm_eps", "qkv_bias") if ckpt is not None and k in ckpt.hints}
+    overrides.update(spec.overrides)
+    num_classes = spec.num_classes
+    if num_classes is None and ckpt is not None:
+        num_classes = ckpt.num_classes  # follow the checkpoint's head (0: a feature extractor)
+    if num_classes is not None and num_classes < 0:
+        raise VitexportError("--num-classes must be 0 (features) or positive.")
+    cfg = variant.config(img_size=spec.img_size, num_classes=num_classes, **overrides)
+    model = build_model(cfg, seed=spec.seed)
+    if ckpt is not None:
+        notes = load_into(model, ckpt, spec.pos_embed_interp)
+    else:
+        notes = [f"No checkpoint: deterministic random weights (seed {spec.seed}). Latency is real, "
+                 "accuracy is meaningless."]
+    labels = labels_record(cfg.num_classes, spec.variant, None if ckpt is None else ckpt.hints.get("labels"))
+    return BuiltModel(model.eval(), spec.preprocess_for(cfg.img_size), ckpt, notes, labels)
+
+
+def model_from_manifest(manifest: Manifest) -> VisionTransformer:
+    """Rebuild the PyTorch model an export was made from (same config, same weights)."""
+    cfg = ViTConfig(**manifest.config)
+    ck = manifest.checkpoint
+    if ck is None:
+        return build_model(cfg, seed=int(manifest.seed or 0))
+    path = Path(ck.path)
+    if not path.exists() and ck.repo is not None:  # the Hugging Face cache was cleaned: fetch the same commit
+        from ..model.hub import HubRef, fetch
+
+        path = fetch(HubRef(ck.repo, ck.revision)).weights
+    if not path.exists():
+        raise VitexportError(f"the checkpoint {path} named in the manifest is gone")
+    ckpt = load_checkpoint(path)
+    if ckpt.sha256 != ck.sha256:
+        raise VitexportError(f"the checkpoint {path} changed since the export (sha256 differs)")
+    model = build_model(cfg)
+    load_into(model, ckpt, manifest.pos_embed_interp)
+    return model.eval()

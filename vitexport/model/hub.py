@@ -1,0 +1,261 @@
+"""Checkpoints by name from the Hugging Face hub: `-c hf-hub:ORG/NAME[@REVISION]` and timm's tagged names for `-m`.
+
+Files come through huggingface_hub's own cache (`hf_hub_download`), so a repository fetched once is shared with
+timm and transformers and works offline (`HF_HUB_OFFLINE=1`). The repository's `config.json` says what the model
+is; `describe` turns it into the facts a ModelSpec needs:
+
+- timm repositories (`model.safetensors` + `config.json` with `architecture`, `num_classes`, `pretrained_cfg`):
+  the variant, ViTConfig fields from `model_args`, and the preprocessing (mean, std, crop_pct, interpolation,
+  input size);
+- transformers ViT repositories (`config.json` with `model_type: vit`): the variant whose sizes match, and
+  mean/std/resample from `preprocessor_config.json` when the repository has one.
+
+The weights then go through the checkpoint converters like any local file (`checkpoints.load_checkpoint`).
+No torch here: the CLI resolves names before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..data.preprocess import Preprocess
+from ..errors import VitexportError
+from .variants import SIZES, VARIANTS
+
+HUB_PREFIX = "hf-hub:"
+TIMM_ORG = "timm"  # where timm's tagged names live on the hub
+CONFIG_FILE = "config.json"
+PREPROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor settings
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # tried in this order
+# ViTConfig fields a timm config's model_args may set (the same names as timm's VisionTransformer arguments)
+MODEL_ARGS = ("img_size", "num_classes", "in_chans", "global_pool", "class_token", "no_embed_class", "pre_norm",
+              "fc_norm", "qkv_bias", "init_values")
+_HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # PIL's numbering, as transformers saves it
+_CACHE_DIR = re.compile(r"^models--(?P<org>[^/]+?)--(?P<name>[^/]+)$")
+
+
+@dataclass(frozen=True)
+class HubRef:
+    repo_id: str  # ORG/NAME
+    revision: str | None = None  # a branch, tag or commit hash; None: the default branch
+
+    def __str__(self) -> str:
+        return f"{HUB_PREFIX}{self.repo_id}" + (f"@{self.revision}" if self.revision else "")
+
+
+def parse_ref(text: str | Path | None) -> HubRef | None:
+    """'hf-hub:ORG/NAME[@REVISION]' -> HubRef; None for anything that is not a hub reference (a path)."""
+    s = "" if text is None else str(text)
+    if not s.startswith(HUB_PREFIX):
+        return None
+    repo, _, revision = s[len(HUB_PREFIX):].partition("@")
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(parts) or not all(re.fullmatch(r"[\w.-]+", p) for p in parts):
+        raise VitexportError(f"{s!r} is not a hub checkpoint; write it as hf-hub:ORG/NAME or hf-hub:ORG/NAME@REVISION.")
+    return HubRef(repo, revision or None)
+
+
+def is_hub_ref(text: str | Path | None) -> bool:
+    return text is not None and str(text).startswith(HUB_PREFIX)
+
+
+def tagged_ref(model: str) -> HubRef | None:
+    """timm's tagged name 'vit_base_patch16_224.augreg2_in21k_ft_in1k' -> hf-hub:timm/<that name>; None untagged."""
+    arch, dot, tag = model.partition(".")
+    return HubRef(f"{TIMM_ORG}/{model}") if dot and arch and tag else None
+
+
+# -- the cache -------------------------------------------------------------------------------------------------
+
+def offline() -> bool:
+    """HF_HUB_OFFLINE as it is now (huggingface_hub reads it once, at import)."""
+    value = os.environ.get("HF_HUB_OFFLINE")
+    if value is not None:
+        return value.strip().upper() in ("1", "ON", "YES", "TRUE")
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def cache_dir() -> Path:
+    """huggingface_hub's cache folder as the environment says now: $HF_HUB_CACHE, else $HF_HOME/hub, else default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def origin(path: Path | str) -> tuple[str, str] | None:
+    """(ORG/NAME, commit) of a file inside a Hugging Face cache (.../models--ORG--NAME/snapshots/<commit>/...)."""
+    parts = Path(path).absolute().parts
+    for i in range(len(parts) - 3, -1, -1):
+        m = _CACHE_DIR.match(parts[i])
+        if m and parts[i + 1] == "snapshots":
+            return f"{m['org']}/{m['name']}", parts[i + 2]
+    return None
+
+
+@dataclass
+class Snapshot:
+    """A repository's files at one commit, in the local cache."""
+
+    ref: HubRef  # as the user asked for it
+    commit: str  # the commit hash the revision resolved to
+    config: dict[str, Any]  # config.json
+    weights: Path  # the weights file (in snapshots/<commit>/)
+    extra: dict[str, dict[str, Any]] = field(default_factory=dict)  # other JSON files read: name -> contents
+
+
+_FETCHED: dict[tuple[str, str, bool], Snapshot] = {}  # one fetch per reference, cache and mode in a process
+
+
+def fetch(ref: HubRef) -> Snapshot:
+    """config.json and the weights of a repository, through the cache; one sentence when they cannot be had."""
+    key = (str(ref), str(cache_dir()), offline())
+    if key not in _FETCHED:
+        config_path = _download(ref, CONFIG_FILE)
+        config = _read_json(config_path, ref)
+        weights = next((p for name in WEIGHT_FILES if (p := _download(ref, name, optional=True))), None)
+        if weights is None:
+            where = " in the cache" if offline() else ""
+            raise VitexportError(f"{ref} holds none of {', '.join(WEIGHT_FILES)}{where}; vitexport reads timm and "
+                                 f"transformers ViT repositories.")
+        extra = {}
+        if config.get("model_type") == "vit" and (pp := _download(ref, PREPROCESSOR_FILE, optional=True)):
+            extra[PREPROCESSOR_FILE] = _read_json(pp, ref)
+        _FETCHED[key] = Snapshot(ref, config_path.parent.name, config, weights, extra)
+    return _FETCHED[key]
+
+
+def _download(ref: HubRef, filename: str, optional: bool = False) -> Path | None:
+    """One file through the cache; None for a missing optional file; otherwise one sentence saying why not."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(hf_hub_download(ref.repo_id, filename, revision=ref.revision, cache_dir=cache_dir(),
+                                    local_files_only=offline()))
+    except LocalEntryNotFoundError:
+        cached = (cache_dir() / f"models--{ref.repo_id.replace('/', '--')}").is_dir()
+        if optional and cached:
+            return None
+        raise VitexportError(_not_cached(ref, cached)) from None
+    except GatedRepoError:
+        raise VitexportError(f"{ref} is gated: accept its terms on huggingface.co and log in with "
+                             f"`hf auth login`.") from None
+    except RepositoryNotFoundError:
+        raise VitexportError(f"{ref} does not exist on the Hugging Face hub, or is private (log in with "
+                             f"`hf auth login`).") from None
+    except RevisionNotFoundError:
+        raise VitexportError(f"{ref.repo_id} has no revision {ref.revision!r}.") from None
+    except EntryNotFoundError:
+        if optional:
+            return None
+        raise VitexportError(f"{ref} has no {filename}: it is not a timm or transformers model repository.") from None
+    except HFValidationError as e:
+        raise VitexportError(f"{ref} is not a valid repository name ({str(e).splitlines()[0]}).") from None
+    except OSError as e:  # network errors (huggingface_hub's HTTP errors are OSErrors too)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise VitexportError(f"Could not fetch {filename} of {ref}: {first}.") from None
+
+
+def _not_cached(ref: HubRef, repo_cached: bool) -> str:
+    what = f"{ref} is not in the Hugging Face cache ({cache_dir()}" + \
+        (", which holds other files or revisions of it)" if repo_cached else ")")
+    fetch_it = f"`hf download {ref.repo_id}" + (f" --revision {ref.revision}`" if ref.revision else "`")
+    if offline():
+        return f"{what} and HF_HUB_OFFLINE is set; fetch it once with {fetch_it} on a machine with network access."
+    return f"{what} and could not be downloaded (no network?); fetch it with {fetch_it} and try again."
+
+
+def _read_json(path: Path, ref: HubRef) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VitexportError(f"{Path(path).name} of {ref} is not valid JSON ({e.__class__.__name__}).") from None
+    if not isinstance(data, dict):
+        raise VitexportError(f"{Path(path).name} of {ref} holds a JSON {type(data).__name__}, not an object.")
+    return data
+
+
+# -- what the config says ----------------------------------------------------------------------------------------
+
+@dataclass
+class HubModel:
+    """What a repository says about its model, in vitexport's terms."""
+
+    kind: str  # 'timm' | 'transformers'
+    architecture: str  # as the config names it (timm's model name, or the transformers class)
+    variant: str | None  # the matching variants.VARIANTS name; None when there is none
+    preprocess: Preprocess | None  # at the checkpoint's input size; None: the variant's
+    overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields the config sets
+
+
+def describe(snapshot: Snapshot) -> HubModel:
+    cfg = snapshot.config
+    if "architecture" in cfg or "pretrained_cfg" in cfg:
+        return _describe_timm(cfg, snapshot.ref)
+    if cfg.get("model_type") == "vit":
+        return _describe_transformers(cfg, snapshot.extra.get(PREPROCESSOR_FILE))
+    raise VitexportError(f"{snapshot.ref}'s {CONFIG_FILE} is neither a timm config (architecture, pretrained_cfg) "
+                         f"nor a transformers ViT config (model_type 'vit').")
+
+
+def _describe_timm(cfg: dict[str, Any], ref: HubRef) -> HubModel:
+    arch = str(cfg.get("architecture") or "")
+    pcfg = cfg.get("pretrained_cfg") if isinstance(cfg.get("pretrained_cfg"), dict) else cfg  # legacy: one dict
+    args = cfg.get("model_args") or {}
+    unknown = sorted(k for k in args if k not in MODEL_ARGS)
+    if unknown:
+        raise VitexportError(f"{ref} builds {arch} with {', '.join(unknown)}, which vitexport's ViT does not have.")
+    if args.get("in_chans", 3) != 3:
+        raise VitexportError(f"{ref} takes {args['in_chans']}-channel inputs; vitexport's preprocessing makes RGB.")
+    # the size and the head come from the input size and the weights (and --img-size / --num-classes)
+    overrides = {k: (tuple(v) if isinstance(v, list) else v) for k, v in args.items()
+                 if k not in ("img_size", "num_classes", "in_chans")}
+    size = pcfg.get("input_size") or [3, 224, 224]
+    if args.get("img_size") is not None:
+        s = args["img_size"]
+        size = [size[0], *((s, s) if isinstance(s, int) else s)]
+    try:
+        pp = Preprocess(input_size=(int(size[-2]), int(size[-1])),
+                        mean=tuple(float(v) for v in pcfg.get("mean", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
+                        std=tuple(float(v) for v in pcfg.get("std", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
+                        crop_pct=float(pcfg.get("crop_pct", 0.9)),
+                        interpolation=str(pcfg.get("interpolation", "bicubic")))
+    except (TypeError, ValueError, IndexError):
+        raise VitexportError(f"{ref}'s pretrained_cfg has an unreadable input_size, mean, std or crop_pct.") from None
+    return HubModel("timm", arch, arch if arch in VARIANTS else None, pp, overrides)
+
+
+def _describe_transformers(cfg: dict[str, Any], processor: dict[str, Any] | None) -> HubModel:
+    arch = ",".join(cfg.get("architectures") or ["ViTModel"])
+    img, patch = cfg.get("image_size", 224), cfg.get("patch_size", 16)
+    img = (img, img) if isinstance(img, int) else tuple(img)
+    dims = (cfg.get("hidden_size"), cfg.get("num_hidden_layers"), cfg.get("num_attention_heads"))
+    mlp = cfg.get("intermediate_size", 0) / max(1, cfg.get("hidden_size") or 1)
+    variant = next((v.name for v in VARIANTS.values() if SIZES[v.size][:3] == dims and SIZES[v.size][3] == mlp
+                    and v.patch == patch and v.img_size == img), None)
+    pp = None
+    if processor and variant is not None:
+        pp = Preprocess(input_size=VARIANTS[variant].img_size,
+                        mean=tuple(processor.get("image_mean", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
+                        std=tuple(processor.get("image_std", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
+                        crop_pct=1.0,  # transformers' ViT processor resizes to the input size, no crop
+                        interpolation=_HF_RESAMPLE.get(processor.get("resample", 2), "bilinear"))
+    return HubModel("transformers", arch, variant, pp)

@@ -1,0 +1,62 @@
+"""Position-embedding resampling to a new patch grid.
+
+Three conventions exist and they give different numbers, so the method is always named and recorded:
+
+- ``bicubic-antialias`` (default): current timm (``resample_abs_pos_embed``), bicubic with antialias=True.
+  PyTorch's antialiased bicubic uses another cubic kernel, so it differs from plain bicubic even when upsampling.
+- ``bicubic``: the original ``resize_pos_embed`` walk-through, bicubic without antialias.
+- ``bilinear``: timm's loader for the original JAX ``.npz`` checkpoints, bilinear without antialias.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..errors import VitexportError
+
+if TYPE_CHECKING:
+    import torch
+
+# name -> (torch interpolation mode, antialias)
+INTERPOLATIONS = {
+    "bicubic-antialias": ("bicubic", True),
+    "bicubic": ("bicubic", False),
+    "bilinear": ("bilinear", False),
+}
+DEFAULT_INTERPOLATION = "bicubic-antialias"
+
+
+def infer_grid(num_grid_tokens: int) -> tuple[int, int]:
+    side = int(math.isqrt(num_grid_tokens))
+    if side * side != num_grid_tokens:
+        raise VitexportError(
+            f"The checkpoint's position embedding has {num_grid_tokens} grid tokens, which is not a square grid.")
+    return (side, side)
+
+
+def resample_pos_embed(
+    pos_embed: "torch.Tensor",
+    new_grid: tuple[int, int],
+    num_prefix_tokens: int = 1,
+    old_grid: tuple[int, int] | None = None,
+    method: str = DEFAULT_INTERPOLATION,
+) -> "torch.Tensor":
+    """(1, prefix + Ho*Wo, D) -> (1, prefix + Hn*Wn, D); the prefix (class) tokens are kept as they are."""
+    import torch  # here, not at the top: the CLI reads INTERPOLATIONS without loading torch
+    import torch.nn.functional as F
+
+    if method not in INTERPOLATIONS:
+        raise VitexportError(f"Unknown position-embedding interpolation {method!r}; choose one of: "
+                             f"{', '.join(INTERPOLATIONS)}.")
+    mode, antialias = INTERPOLATIONS[method]
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]  # (1, p, D), (1, Ho*Wo, D)
+    old_grid = old_grid or infer_grid(grid.shape[1])
+    if tuple(old_grid) == tuple(new_grid):
+        return pos_embed
+    D = grid.shape[-1]
+    dtype = grid.dtype
+    grid = grid.float().reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2)  # (1, D, Ho, Wo)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(dtype)  # (1, Hn*Wn, D)
+    return torch.cat([prefix, grid], dim=1)

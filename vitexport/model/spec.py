@@ -1,0 +1,122 @@
+"""What to build and how to export it: a named variant, an optional checkpoint, the overrides a user can give,
+and the export's options.
+
+Plain data, no torch: the CLI turns its options into these objects before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..artifacts.folder import ModelFolder
+from ..data.preprocess import Preprocess
+from ..errors import VitexportError
+from ..parity.compare import EXPORT_THRESHOLDS
+from ..paths import sha256_file, shipped_checkpoint
+from .posembed import DEFAULT_INTERPOLATION
+from .variants import DEFAULT_VARIANT, get_variant
+
+if TYPE_CHECKING:
+    from ..artifacts.manifest import Manifest
+    from .vit import ViTConfig
+
+
+@dataclass
+class ModelSpec:
+    variant: str = DEFAULT_VARIANT  # a name from variants.VARIANTS
+    checkpoint: Path | str | None = None  # weights file or folder, or 'hf-hub:ORG/NAME[@REVISION]'; None: shipped
+    # weights of the variant, else random
+    img_size: tuple[int, int] | None = None  # (H, W); None: the variant's
+    num_classes: int | None = None  # None: the checkpoint's head, else the variant's; 0: features
+    pos_embed_interp: str = DEFAULT_INTERPOLATION  # how to resize the position embedding (posembed.INTERPOLATIONS)
+    seed: int = 0  # of the random weights, when there is no checkpoint
+    preprocess: Preprocess | None = None  # the checkpoint's own (a hub config's); None: the variant's
+    overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields the checkpoint's config sets
+
+    def resolved_checkpoint(self) -> Path | None:
+        """The weights file or folder to read: a hub reference is fetched through the Hugging Face cache."""
+        from .hub import fetch, parse_ref
+
+        if (ref := parse_ref(self.checkpoint)) is not None:
+            return fetch(ref).weights
+        if self.checkpoint is not None:
+            return Path(self.checkpoint)
+        return shipped_checkpoint(self.variant)  # the shipped trained digits model, or None
+
+    def config(self) -> "ViTConfig":
+        """The model config this spec gives, without reading weights (the checkpoint's class count aside)."""
+        return get_variant(self.variant).config(img_size=self.img_size, num_classes=self.num_classes,
+                                                **self.overrides)
+
+    def preprocess_for(self, img_size: tuple[int, int]) -> Preprocess:
+        """How images become inputs of `img_size`: the checkpoint's preprocessing when it has one, else the variant's."""
+        if self.preprocess is None:
+            return get_variant(self.variant).preprocess(img_size)
+        return replace(self.preprocess, input_size=tuple(img_size))
+
+    def default_folder(self) -> ModelFolder:
+        """models/<variant>-<H>x<W>: where this spec's export goes without --output."""
+        variant = get_variant(self.variant)
+        return ModelFolder.default_for(self.variant, self.img_size or variant.img_size)
+
+    def differences(self, manifest: "Manifest") -> list[str]:
+        """How an existing export differs from what this spec asks for; empty when it is that model."""
+        from .checkpoints import resolve_weights  # imports torch: only when an export is compared
+
+        diffs = []
+        if manifest.variant != self.variant:
+            diffs.append(f"it is {manifest.variant}, not {self.variant}")
+        have = None if manifest.checkpoint is None else manifest.checkpoint.sha256
+        ckpt = self.resolved_checkpoint()
+        if ckpt is None and have:
+            diffs.append("it was made from a checkpoint, not from random weights")
+        elif ckpt is not None:
+            if not ckpt.exists():
+                raise VitexportError(f"Checkpoint {ckpt} does not exist.")
+            if sha256_file(resolve_weights(ckpt)[0]) != have:
+                diffs.append(f"it was made from {'random weights' if not have else 'another checkpoint'}, not {ckpt}")
+        if self.num_classes is not None and self.num_classes != manifest.num_classes:
+            diffs.append(f"it has {manifest.num_classes} classes, not {self.num_classes}")
+        if self.pos_embed_interp != manifest.pos_embed_interp:
+            diffs.append(f"its position embedding was resized with {manifest.pos_embed_interp}")
+        return diffs
+
+
+def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **kw: Any) -> ModelSpec:
+    """A spec from what a user typed: `model` a variant or a timm tagged name (fetched from timm/<name> on the
+    hub), `checkpoint` a path or 'hf-hub:ORG/NAME[@REVISION]'. A hub config gives the variant (unless `model`
+    names one), the ViTConfig fields and the preprocessing; kw: the other ModelSpec fields."""
+    from .hub import describe, fetch, parse_ref, tagged_ref
+
+    ref = parse_ref(checkpoint)
+    if model is not None and (tagged := tagged_ref(model)) is not None:
+        if checkpoint is not None:
+            raise VitexportError(f"{model} names pretrained weights already; drop -c/--checkpoint, or give the "
+                                 f"untagged variant {model.partition('.')[0]} with it.")
+        ref, checkpoint, model = tagged, str(tagged), model.partition(".")[0]
+    if ref is None:
+        return ModelSpec(variant=model or DEFAULT_VARIANT, checkpoint=checkpoint, **kw)
+    hub = describe(fetch(ref))
+    variant = model or hub.variant
+    if variant is None:
+        raise VitexportError(f"{ref} holds {hub.architecture}, which is not one of vitexport's variants; pass "
+                             f"-m with the variant of the same shape, or see `vitexport onnx --help` for the list.")
+    get_variant(variant)
+    if kw.get("img_size") is None and hub.preprocess is not None \
+            and hub.preprocess.input_size != get_variant(variant).img_size:
+        kw["img_size"] = hub.preprocess.input_size  # the checkpoint's own size (timm's model_args img_size)
+    return ModelSpec(variant=variant, checkpoint=str(ref), preprocess=hub.preprocess, overrides=hub.overrides, **kw)
+
+
+DEFAULT_OPSET = 18
+MIN_OPSET = 17  # LayerNormalization
+
+
+@dataclass
+class ExportOptions:
+    opset: int = DEFAULT_OPSET  # ONNX opset (>= MIN_OPSET)
+    check_batches: tuple[int, ...] = (1, 3)  # batch sizes ONNX Runtime is checked at against PyTorch
+    atol: float = EXPORT_THRESHOLDS.max_abs  # max abs logit difference allowed at that check (docs/PARITY.md)
+    force: bool = False  # replace an existing export of another model or checkpoint
