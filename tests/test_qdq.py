@@ -14,6 +14,7 @@ from vitexport.model.variants import DIGITS_VARIANT, VARIANTS
 from vitexport.precision.calibrate import calibrate
 from vitexport.precision.convert import topological_sort
 from vitexport.precision.qdq import (
+    CPU_WEIGHT_MAX,
     INT8_MAX,
     LINEAR_OPS,
     insert_qdq,
@@ -148,7 +149,9 @@ def test_a_weight_shared_by_two_gemms_is_quantized_once():
     amax = {"x": float(np.abs(x).max()), "y": float(np.abs(x @ w).max())}
     sel = select_gemms(model.graph, set())
     assert sel.nodes == ["first", "second"] and sel.activations == ["x", "y"]
-    q = insert_qdq(model, onnx.load_from_string(model.SerializeToString()), sel, amax, np.float32)
+    # the CPU graph's weight range: ONNX Runtime's fused u8 x s8 kernels saturate 8-bit weights on CPUs without VNNI
+    q = insert_qdq(model, onnx.load_from_string(model.SerializeToString()), sel, amax, np.float32,
+                   weight_max=CPU_WEIGHT_MAX)
     onnx.checker.check_model(q, full_check=True)
     names = [i.name for i in q.graph.initializer]
     assert len(names) == len(set(names)) and sum(n.endswith("_int8") for n in names) == 1 and "w" not in names
@@ -156,3 +159,30 @@ def test_a_weight_shared_by_two_gemms_is_quantized_once():
     ref = x @ w @ w
     got = sess.run(None, {"x": x})[0]
     assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()  # INT8 error, not a wrong graph
+
+
+def _logits(model, data, fused: bool):
+    so = ort.SessionOptions()
+    if not fused:  # every QuantizeLinear/DequantizeLinear runs as its own op: exact INT8 arithmetic in float
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return np.concatenate([sess.run(None, {"pixel_values": data.x[i:i + 64]})[0] for i in range(0, len(data), 64)])
+
+
+def _cos(a, b):
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_cpu_graph_runs_fused_as_its_exact_int8_math_on_this_cpu(digits, ranges, heldout):
+    """ONNX Runtime fuses DQ -> MatMul into integer kernels; on x86 CPUs without VNNI they multiply u8 x s8 pairs
+    with VPMADDUBSW, which saturates 8-bit weights. The CPU graph's 7-bit weights must give, fused, what its
+    unfused graph gives on any CPU (on a VNNI CPU both ranges pass; without VNNI only 7 bits does)."""
+    fp32 = onnx.load(str(digits))
+    sel = select_gemms(fp32.graph, set(), skip_matrix_vector=True)
+    model = insert_qdq(fp32, onnx.load(str(digits)), sel, ranges, np.float32, weight_max=CPU_WEIGHT_MAX)
+    weights = [onnx.numpy_helper.to_array(i) for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT8
+               and len(i.dims) > 1]
+    assert weights and max(int(np.abs(w).max()) for w in weights) == CPU_WEIGHT_MAX
+    fused, exact = _logits(model, heldout, fused=True), _logits(model, heldout, fused=False)
+    assert _cos(fused, exact).min() > 0.999
+    assert (fused.argmax(1) == exact.argmax(1)).mean() == 1.0

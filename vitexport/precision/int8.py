@@ -23,7 +23,7 @@ from ..paths import sha256_file, write_text_atomic
 from ..progress import QUIET, Log
 from .calibrate import calibrate
 from .convert import save_checked
-from .qdq import GemmSelection, insert_qdq, select_gemms, trt_int8_invariants, write_trt_int8
+from .qdq import CPU_WEIGHT_MAX, INT8_MAX, GemmSelection, insert_qdq, select_gemms, trt_int8_invariants, write_trt_int8
 
 CACHE_FORMAT = "vitexport-calibration/2"
 CALIB_BATCH = 8  # images per calibration run: memory is one batch of activations, whatever the image count
@@ -187,7 +187,7 @@ def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax:
         source = onnx.load(str(fp32))
         copy = onnx.ModelProto()
         copy.CopyFrom(source)
-        model = insert_qdq(source, copy, selection, amax, np.float32)
+        model = insert_qdq(source, copy, selection, amax, np.float32, weight_max=CPU_WEIGHT_MAX)
         save_checked(model, dst, "INT8")
     else:
         raise VitexportError(f"Unknown INT8 kind {kind!r}; choose one of: {', '.join(INT8_KINDS)}.")
@@ -195,6 +195,7 @@ def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax:
     if inv["nonzero_zero_points"]:
         raise VitexportError("Quantization produced non-zero zero points, which TensorRT rejects.")
     inv["quantized_gemms"] = len(selection.nodes)
+    inv["weight_max"] = CPU_WEIGHT_MAX if kind == "int8" else INT8_MAX  # the weights' range: [-max, max]
     return inv
 
 

@@ -20,6 +20,7 @@ from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_
 from ..progress import QUIET, Log
 from .convert import convert_fp16, graph_precision
 from .int8 import INT8_KINDS, calibration_key, calibration_set, ranges, selection_for, write_int8
+from .qdq import CPU_WEIGHT_MAX
 from .settings import CalibOptions
 
 CONVERTERS = ("fp16", *INT8_KINDS)  # the ARTIFACTS kinds this step makes
@@ -151,6 +152,8 @@ def stale_reason(folder: ModelFolder, kind: str, calib: CalibOptions | None) -> 
         return f"{out.name} is missing or was made from another model: making it now."
     if calib is not None and not _made_with(rec, kind, calib, manifest):
         return f"{out.name} was made with other options: making it again."
+    if kind == "int8" and (rec.qdq or {}).get("weight_max") != CPU_WEIGHT_MAX:
+        return f"{out.name} has 8-bit weights, which saturate on CPUs without VNNI: making it again with 7-bit ones."
     return None
 
 

@@ -2,12 +2,17 @@
 
 Both put Q/DQ only on the *inputs* of the weight GEMMs (activations per tensor, weights per output channel,
 symmetric, zero point 0), never on their outputs; the logits, LayerNorm, Softmax, the attention products (by
-default) and matrix-vector products (the head) stay unquantized. They differ in what lies between the GEMMs:
+default) and matrix-vector products (the head) stay unquantized. They differ in what lies between the GEMMs
+and in the weights' range:
 
-- ``model.int8.onnx`` (CPU runtimes): FP32 between the INT8 GEMMs;
-- ``model.int8.trt.onnx`` (TensorRT): the placement NVIDIA's ModelOpt uses for TensorRT; every other op runs in
-  FP16 with FP16 scales (opset 19), so under strong typing TensorRT fuses the DequantizeLinear into the GEMM
-  and keeps the rest in FP16.
+- ``model.int8.onnx`` (CPU runtimes): FP32 between the INT8 GEMMs, weights in [-63, 63] (`CPU_WEIGHT_MAX`).
+  x86 CPUs without VNNI multiply u8 x s8 pairs with VPMADDUBSW, whose int16 sum of two products saturates above
+  32767; with 8-bit weights (2 x 255 x 127) a ViT's logits came out far off (digits: min cosine 0.92 on ONNX
+  Runtime, 0.42 on OpenVINO, against 0.99 with exact INT8 math). Seven-bit weights (2 x 255 x 63 = 32130) cannot
+  saturate, so one file is right on every CPU; this is ONNX Runtime's `reduce_range` and NNCF's overflow fix.
+- ``model.int8.trt.onnx`` (TensorRT): the placement NVIDIA's ModelOpt uses for TensorRT, full [-127, 127]
+  weights (TensorRT's INT8 kernels accumulate in int32); every other op runs in FP16 with FP16 scales (opset
+  19), so under strong typing TensorRT fuses the DequantizeLinear into the GEMM and keeps the rest in FP16.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .convert import save_checked, to_fp16, topological_sort
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
 INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q (TensorRT's convention)
+CPU_WEIGHT_MAX = 63  # the CPU graph's weights: 7 bits, so VPMADDUBSW's pair sums cannot saturate (docstring)
 MIN_SCALE = 2.0 ** -14  # smallest normal FP16: a zero range still gets a representable scale
 
 
@@ -87,15 +93,16 @@ def _weight_axis(node, weight_shape: tuple[int, ...]) -> int:
     return len(weight_shape) - 1  # MatMul: (K, N)
 
 
-def quantize_weight(w: np.ndarray, axis: int, dtype=np.float16) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel symmetric INT8: (int8 weight, scale per channel along `axis`, of the given float type)."""
+def quantize_weight(w: np.ndarray, axis: int, dtype=np.float16, qmax: int = INT8_MAX) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel symmetric INT8 in [-qmax, qmax]: (int8 weight, scale per channel along `axis`, of the given
+    float type)."""
     w = np.asarray(w, dtype=np.float32)
     reduce = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.abs(w).max(axis=reduce) if reduce else np.abs(w)
-    scale = np.maximum(amax / INT8_MAX, MIN_SCALE).astype(dtype)  # rounded first: q uses the stored scale
+    scale = np.maximum(amax / qmax, MIN_SCALE).astype(dtype)  # rounded first: q uses the stored scale
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.rint(w / scale.astype(np.float32).reshape(shape)), -INT8_MAX, INT8_MAX).astype(np.int8)
+    q = np.clip(np.rint(w / scale.astype(np.float32).reshape(shape)), -qmax, qmax).astype(np.int8)
     return q, scale
 
 
@@ -111,12 +118,13 @@ def fp16_everywhere(fp32_model):
     return to_fp16(fp32_model, keep_fp32=())
 
 
-def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, float], scale_dtype=np.float16):
+def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, float], scale_dtype=np.float16,
+               weight_max: int = INT8_MAX):
     """Put Q/DQ on the inputs of the selected GEMMs of `model16` (the FP16 model, or an FP32 copy with
-    scale_dtype float32), with weights and ranges taken from the FP32 model."""
+    scale_dtype float32), with weights in [-weight_max, weight_max] and ranges taken from the FP32 model."""
     import onnx
 
-    writer = _QDQWriter(fp32_model, model16.graph, amax, scale_dtype)
+    writer = _QDQWriter(fp32_model, model16.graph, amax, scale_dtype, weight_max)
     fp32_nodes = {n.name: n for n in fp32_model.graph.node}
     for node in model16.graph.node:
         if node.name in selection.nodes:
@@ -134,9 +142,9 @@ def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, fl
 class _QDQWriter:
     """The Q/DQ nodes and initializers added to one graph; a tensor feeding several GEMMs gets one pair."""
 
-    def __init__(self, fp32_model, graph, amax: dict[str, float], scale_dtype) -> None:
+    def __init__(self, fp32_model, graph, amax: dict[str, float], scale_dtype, weight_max: int) -> None:
         self.fp32_inits = {i.name: i for i in fp32_model.graph.initializer}
-        self.graph, self.amax, self.dtype = graph, amax, scale_dtype
+        self.graph, self.amax, self.dtype, self.weight_max = graph, amax, scale_dtype, weight_max
         self.consts = _constants(graph)
         self.inits, self.nodes = [], []
         self.done: dict[tuple, str] = {}  # (tensor, axis) -> the DQ output that replaces it
@@ -156,7 +164,7 @@ class _QDQWriter:
         w = numpy_helper.to_array(self.fp32_inits[t32])
         axis = _weight_axis(node, w.shape)
         if (t32, axis) not in self.done:
-            q, scale = quantize_weight(w, axis, self.dtype)
+            q, scale = quantize_weight(w, axis, self.dtype, self.weight_max)
             base = f"{t32}_int8" if not any(t == t32 for t, _ in self.done) else f"{t32}_int8_axis{axis}"
             self.inits += [numpy_helper.from_array(q, base), numpy_helper.from_array(scale, f"{base}_scale"),
                            numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{base}_zero_point")]
