@@ -28,13 +28,10 @@ from ..backends.ort_session import create_session
 from ..data.images import Dataset, labels_for_model, load_folder
 from ..errors import BackendUnavailable, ParityError, VitexportError
 from ..parity.compare import ParityVerdict, Thresholds, compare, judge
-from ..paths import default_heldout_dir, display_path, sha256_file
+from ..paths import default_heldout_dir, display_path, sha256_file, staging_prefix
 from ..precision.prepare import PrecisionResult
 from ..precision.settings import CalibOptions
 from ..progress import QUIET, Log
-
-EXIT_NO_OPENVINO = 4  # like a missing TensorRT
-
 
 def ir_kind(precision: str) -> str:
     """'int8' -> 'openvino-int8', the folder's name for that IR."""
@@ -81,8 +78,8 @@ def _openvino() -> Any:
     try:
         return import_openvino()
     except BackendUnavailable:
-        raise VitexportError(f"OpenVINO is not installed; install it with `{INSTALL_COMMAND}`.",
-                             EXIT_NO_OPENVINO) from None
+        # exit 3, as for every missing backend library (predict --backend openvino says the same)
+        raise BackendUnavailable(f"OpenVINO is not installed; install it with `{INSTALL_COMMAND}`.") from None
 
 
 def write_ir(onnx_path: Path, xml: Path, fp16_weights: bool) -> str:
@@ -156,7 +153,8 @@ def make_ir(folder: ModelFolder, kind: str, calib: CalibOptions | None = None, l
         raise VitexportError(f"{fp32} changed since it was exported (sha256 differs from the manifest); re-export it.")
     _openvino()
     held = _heldout(calib, manifest, log)  # a bad data folder fails before the conversion
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{xml.name}.", suffix=".xml", dir=folder.path)
+    # named like every temporary of the folder (.<file>.vx<pid>-*), so a killed run's leftovers are recognised
+    fd, tmp_name = tempfile.mkstemp(prefix=staging_prefix(xml.name), suffix=".xml", dir=folder.path)
     os.close(fd)
     tmp_xml = Path(tmp_name)
     try:
