@@ -20,6 +20,11 @@ def _fmt(v, spec: str, none: str = "-") -> str:
     return format(v, spec)
 
 
+def _ratio(v, none: str = "") -> str:
+    """'3.45x', or nothing for a row that was not timed (a parity-only row has no speed to compare)."""
+    return none if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}x"
+
+
 @dataclass
 class BenchRow:
     """One available backend at one batch size: the body of the table, the Markdown and the CSV."""
@@ -67,6 +72,28 @@ def rows(report: BenchReport) -> list[BenchRow]:
     return out
 
 
+def unavailable_lines(report: BenchReport) -> list[str]:
+    """The backends that could not run, rows that share a cause said once: 'N rows unavailable: cause (names)'.
+
+    The cause is the reason up to its consequence (', so ...'): on a machine without a GPU every CUDA and TensorRT
+    row has one, and a table that ends in nine copies of it hides the line that matters.
+    """
+    groups: dict[str, list[BackendResult]] = {}
+    for r in report.results:
+        if not r.available:
+            groups.setdefault(r.reason.split(", so ")[0], []).append(r)
+    out = []
+    for cause, members in groups.items():
+        reasons = {r.reason for r in members}
+        said = reasons.pop() if len(reasons) == 1 else cause
+        if len(members) == 1:
+            what = "" if said.startswith("not run:") else "unavailable: "  # not run: its file failed (said apart)
+            out.append(f"{members[0].name}: {what}{said}")
+        else:
+            out.append(f"{len(members)} rows unavailable: {said} ({', '.join(r.name for r in members)})")
+    return out
+
+
 def _wrong_artifacts(report: BenchReport) -> list[dict]:
     return [a for a in report.artifacts if a.get("status", "ok") != "ok"]
 
@@ -93,18 +120,17 @@ def print_table(report: BenchReport, console=None) -> None:
         t.add_column(col, **kw)
     for row in rows(report):
         cells = [row.backend, _fmt(row.batch, "d"), _fmt(row.mean_ms, ".2f"), _fmt(row.p50_ms, ".2f"),
-                 _fmt(row.p99_ms, ".2f"), _fmt(row.throughput, ".1f"), _fmt(row.vs_reference, ".2f") + "x",
+                 _fmt(row.p99_ms, ".2f"), _fmt(row.throughput, ".1f"), _ratio(row.vs_reference),
                  _fmt(row.max_abs, ".2e"), _fmt(row.cos_min, ".5f"), _fmt(row.top1_agree, ".1%")]
         if labelled:
             cells.append(_fmt(row.acc, ".2%"))
         cells.append("[green]pass[/green]" if row.parity == "pass" else "[red]FAIL[/red]")
         t.add_row(*cells)
     console.print(t)
+    for line in unavailable_lines(report):
+        console.print(f"  [dim]{escape(line)}[/dim]")
     for r in report.results:
-        if not r.available:
-            what = "" if r.reason.startswith("not run:") else "unavailable: "  # not run: its file failed (below)
-            console.print(f"  [dim]{r.name}: {what}{escape(r.reason)}[/dim]")
-        elif r.missed_parity and r.parity is not None:
+        if r.available and r.missed_parity and r.parity is not None:
             console.print(f"  [red]{r.name}: parity miss: {escape('; '.join(r.parity.failures))}[/red]")
         if r.available and "not_timed" in r.info:
             console.print(f"  [dim]{r.name}: parity only: {escape(r.info['not_timed'])}[/dim]")
@@ -157,11 +183,11 @@ def to_markdown(report: BenchReport) -> str:
         lines.append(
             f"| {r.backend} | {_fmt(r.batch, 'd')} | {_fmt(r.mean_ms, '.2f')} | {_fmt(r.p50_ms, '.2f')} | "
             f"{_fmt(r.p90_ms, '.2f')} | {_fmt(r.p99_ms, '.2f')} | {_fmt(r.throughput, '.1f')} | "
-            f"{_fmt(r.vs_reference, '.2f')}x | {_fmt(r.max_abs, '.2e')} | {_fmt(r.cos_min, '.5f')} | "
+            f"{_ratio(r.vs_reference, '')} | {_fmt(r.max_abs, '.2e')} | {_fmt(r.cos_min, '.5f')} | "
             f"{_fmt(r.top1_agree, '.1%')} | {_fmt(r.acc, '.2%')} | {r.parity} |")
-    unavailable = [r for r in report.results if not r.available]
+    unavailable = unavailable_lines(report)
     if unavailable:
-        lines += ["", "Unavailable:", ""] + [f"- {r.name}: {r.reason}" for r in unavailable]
+        lines += ["", "Unavailable:", ""] + [f"- {line}" for line in unavailable]
     failed = [r for r in report.results if r.missed_parity and r.parity is not None]
     if failed:
         lines += ["", "Parity misses:", ""] + [f"- {r.name}: {'; '.join(r.parity.failures)}" for r in failed]
