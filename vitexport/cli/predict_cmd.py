@@ -35,20 +35,31 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
 @click.option("--top-k", type=int, default=5, show_default=True, help="Classes shown per image (at least 1).")
 @click.option("--json", "as_json", is_flag=True,
               help='Print a JSON list of {"image", "top": [{"index", "label", "prob"}]} instead of a table.')
+@click.option("--jsonl", "as_jsonl", is_flag=True,
+              help="Print one JSON object per image, per line, as each is classified (for large folders).")
 @use(MODEL, QUIET)
-def predict_command(paths, precision, backend, top_k, as_json, spec, log):
+def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, spec, log):
     """Classify images with the model's own preprocessing: top-k classes and their probabilities.
 
     MODEL_DIR is an exported model folder (or its model.onnx). Without it, the folder of --model
     (default: the default model) is used, exported first if absent. Folders are searched for images
     recursively. Class names come from the checkpoint, ImageNet-1k for 1000-class heads, or indices.
     """
-    from ..deploy.predict import predict, to_json, to_table
+    import json
+
+    from ..deploy.predict import iter_predictions, label_width, table_block, to_json
     from ..ensure import open_model
 
     target, images = _split_target(paths)
     if top_k < 1:  # before any work
         raise VitexportError(f"--top-k must be at least 1, not {top_k}.")
+    if as_json and as_jsonl:
+        raise click.UsageError("--json and --jsonl are exclusive: give one.")
     folder = open_model(target, spec, log=log)
-    results = predict(folder, images, backend=backend, precision=precision, top_k=top_k, log=log)
-    click.echo(to_json(results) if as_json else to_table(results))
+    results = iter_predictions(folder, images, backend=backend, precision=precision, top_k=top_k, log=log)
+    if as_json:  # one JSON document: the whole list at the end
+        click.echo(to_json(list(results)))
+        return
+    width = label_width(folder)
+    for p in results:  # streamed: memory stays flat however many images
+        click.echo(json.dumps(p.to_dict()) if as_jsonl else table_block(p, width))

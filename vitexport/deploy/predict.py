@@ -10,17 +10,19 @@ The ONNX file of the precision is made first when missing (`ensure_artifact`); T
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ..artifacts.folder import ModelFolder
 from ..artifacts.manifest import Manifest
 from ..backends.base import Runner
-from ..data.images import IMAGE_SUFFIXES, list_images, load_image
+from ..data.images import IMAGE_SUFFIXES, list_images, normalise
+from ..data.stream import decoded_crops, default_workers
 from ..errors import BackendUnavailable, VitexportError
 from ..model.labels import class_names
 from ..paths import display_path
@@ -132,9 +134,11 @@ def open_runner(folder: ModelFolder, backend: str, precision: str, log: Log = QU
 
 # -- the job ---------------------------------------------------------------------------------------------------------
 
-def predict(folder: ModelFolder, images: Sequence[Path | str], *, backend: str = "onnxruntime",
-            precision: str = "fp32", top_k: int = 5, batch: int = 8, log: Log = QUIET) -> list[Prediction]:
-    """The top-k classes of every image (files, or folders searched recursively), one Prediction each."""
+def iter_predictions(folder: ModelFolder, images: Sequence[Path | str], *, backend: str = "onnxruntime",
+                     precision: str = "fp32", top_k: int = 5, batch: int = 8, workers: int | None = None,
+                     log: Log = QUIET) -> Iterator[Prediction]:
+    """The top-k classes of every image (files, or folders searched recursively), one Prediction at a time: images
+    are decoded by a pool of threads a few batches ahead, so memory holds a few batches whatever their number."""
     if top_k < 1:
         raise VitexportError(f"--top-k must be at least 1, not {top_k}.")
     manifest = folder.read_manifest()
@@ -143,34 +147,46 @@ def predict(folder: ModelFolder, images: Sequence[Path | str], *, backend: str =
                              f"a classifier.")
     if manifest.checkpoint is None:
         log.warn(f"{folder.path} holds random weights: its classes are meaningless.")
-    names = class_names(manifest)
+    names, pp = class_names(manifest), manifest.preprocess
     files = collect_images(images)
     k = min(top_k, manifest.num_classes)
-    first = np.stack([load_image(f, manifest.preprocess) for f in files[:batch]])  # a bad image fails before work
-    out: list[Prediction] = []
+    crops = decoded_crops(files, pp, workers or default_workers(), chunk=batch)
+    first = next(crops)  # a bad first image fails before any runner is loaded
     runner = open_runner(folder, backend, precision, log)
     try:
-        for start in range(0, len(files), batch):
-            chunk = files[start:start + batch]
-            x = first if start == 0 else np.stack([load_image(f, manifest.preprocess) for f in chunk])
-            tops = top_classes(runner.infer_all(x, chunk=batch), k, names)
-            out += [Prediction(display_path(f), top) for f, top in zip(chunk, tops)]
+        with log.bar("predicting", len(files)) as advance:
+            for start, chunk in zip(range(0, len(files), batch), itertools.chain([first], crops)):
+                tops = top_classes(runner.infer_all(normalise(chunk, pp), chunk=batch), k, names)
+                yield from (Prediction(display_path(f), top) for f, top in zip(files[start:start + batch], tops))
+                advance(len(chunk))
     finally:
         runner.close()
-    return out
+
+
+def predict(folder: ModelFolder, images: Sequence[Path | str], **kw) -> list[Prediction]:
+    """Every Prediction of iter_predictions, as a list."""
+    return list(iter_predictions(folder, images, **kw))
 
 
 def to_json(predictions: list[Prediction]) -> str:
     return json.dumps([p.to_dict() for p in predictions], indent=2)
 
 
-def to_table(predictions: list[Prediction], max_label: int = 48) -> str:
+def to_table(predictions: Sequence[Prediction], max_label: int = 48) -> str:
     """Per image: its path, then one row per class: rank, class index, label, probability."""
     label_width = min(max_label, max([5] + [len(c.label) for p in predictions for c in p.top]))
-    lines: list[str] = []
-    for p in predictions:
-        lines += [p.image, f"  {'rank':>4}  {'class':>5}  {'label':<{label_width}}  {'prob':>7}"]
-        for rank, c in enumerate(p.top, 1):
-            label = c.label if len(c.label) <= label_width else c.label[:label_width - 3] + "..."
-            lines.append(f"  {rank:>4}  {c.index:>5}  {label:<{label_width}}  {c.prob:>7.4f}")
+    return "\n".join(table_block(p, label_width) for p in predictions)
+
+
+def table_block(p: Prediction, label_width: int) -> str:
+    """One image's lines of the table (printed as each prediction comes)."""
+    lines = [p.image, f"  {'rank':>4}  {'class':>5}  {'label':<{label_width}}  {'prob':>7}"]
+    for rank, c in enumerate(p.top, 1):
+        label = c.label if len(c.label) <= label_width else c.label[:label_width - 3] + "..."
+        lines.append(f"  {rank:>4}  {c.index:>5}  {label:<{label_width}}  {c.prob:>7.4f}")
     return "\n".join(lines)
+
+
+def label_width(folder: ModelFolder, max_label: int = 48) -> int:
+    """The label column's width for a streamed table: that of the model's longest class name, capped."""
+    return min(max_label, max([5] + [len(n) for n in class_names(folder.read_manifest())]))
