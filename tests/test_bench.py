@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+from scipy.stats import binomtest
 import torch
 from click.testing import CliRunner
 from conftest import ROOT, fails_cleanly
@@ -80,8 +81,15 @@ def test_digits_bench_reports_real_accuracy(digits, report):
     assert ran["pytorch cpu fp32"]["parity"]["acc"] == pytest.approx(acc, abs=1e-9)
     for name, r in ran.items():
         p = r["parity"]
-        assert p["passed"], (name, p["failures"])
+        assert not p["failures"], (name, p["failures"])
+        # 360 images cannot decide the tighter accuracy bounds (FP16 0.5, bf16 1 point): said, not passed
+        assert p["status"] == ("inconclusive" if p["inconclusive"] else "pass") and p["passed"] is (p["status"] == "pass")
+        assert all("accuracy drop" in line and "360 images" in line for line in p["inconclusive"])
         assert 0.95 <= p["acc"] <= 1.0
+        n, right = p["n"], round(p["acc"] * p["n"])
+        ci = binomtest(right, n).proportion_ci(0.95, method="exact")  # an independent computation of the interval
+        assert p["acc_ci"] == pytest.approx([ci.low, ci.high], abs=1e-9)
+        assert p["flips_down"] - p["flips_up"] == round((p["acc_ref"] - p["acc"]) * n)
         # every row is timed at both batches, but the TensorRT-shaped graph on the CPU (accuracy only)
         assert {lt["batch"] for lt in r["latency"]} == (set() if name.endswith("int8-trt") else {1, 8})
         for lt in r["latency"]:
@@ -90,7 +98,7 @@ def test_digits_bench_reports_real_accuracy(digits, report):
     for r in data["results"]:
         if not r["available"]:
             assert r["reason"]
-    assert data["passed"] is True
+    assert data["passed"] is not any(r["parity"]["inconclusive"] for r in ran.values())
     assert data["artifacts"] and all(len(a["sha256"]) == 64 for a in data["artifacts"])
 
 
@@ -175,7 +183,9 @@ def test_backend_contract(digits, name):
         with torch.no_grad():
             ref = ref_model(torch.from_numpy(ds.x)).numpy()
         verdict = judge(compare(ref, out, ds.labels), runner.precision)
-        assert verdict.passed, (runner.name, verdict.failures)
+        # 40 images are too few to decide an accuracy bound: no bound may fail, and only that one stay undecided
+        assert not verdict.failed, (runner.name, verdict.failures)
+        assert all("accuracy drop" in line for line in verdict.inconclusive)
     finally:
         runner.close()
     assert not runner.loaded

@@ -82,6 +82,7 @@ LAYERS = [
     ("ensure",),
     ("openvino_ir",),
     ("export", "precision"),
+    ("validate",),
     ("preflight",),
     ("backends",),
     ("tensorrt_engine",),

@@ -46,7 +46,10 @@ def fp32_acc(digits):
 
 def test_fp16_within_0_3_points(digits, fp32_acc):
     r = run_quantize(digits, "fp16")
-    assert r.verdict.passed
+    # kept: no bound failed; FP16's 0.5-point accuracy bound cannot be decided on 360 images, and the record says so
+    assert not r.verdict.failed and r.verdict.status == "inconclusive"
+    check = ModelFolder(digits).read_manifest().precisions["fp16"].check
+    assert check.passed and check.inconclusive and "about" in check.inconclusive[0]
     acc = _accuracy(r.onnx_path, digits)
     assert abs(acc - fp32_acc) <= 0.3
     model = onnx.load(str(r.onnx_path))

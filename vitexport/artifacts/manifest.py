@@ -15,7 +15,7 @@ from typing import Any
 from .. import __version__
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
-from ..parity.compare import ParityStats
+from ..parity.compare import ParityStats, ParityVerdict
 from ..paths import write_text_atomic
 
 FORMAT = "vitexport-manifest/1"  # written by this version
@@ -163,19 +163,25 @@ class HeldOutCheck:
     """A converted model against the FP32 ONNX on held-out inputs."""
 
     data: str  # where the held-out inputs came from
-    passed: bool
+    passed: bool  # no bound was missed (the file was kept)
     failures: list[str]  # the missed bounds, readable
     thresholds: dict[str, float | None]  # the bounds applied (compare.Thresholds)
     stats: ParityStats
+    inconclusive: list[str] = field(default_factory=list)  # bounds the set was too small to decide
+
+    @classmethod
+    def from_verdict(cls, data: str, verdict: ParityVerdict) -> "HeldOutCheck":
+        return cls(data, not verdict.failed, list(verdict.failures), verdict.thresholds.to_dict(), verdict.stats,
+                   list(verdict.inconclusive))
 
     def to_dict(self) -> dict:
         return {"data": self.data, "passed": self.passed, "failures": list(self.failures),
-                "thresholds": dict(self.thresholds), **self.stats.to_dict()}
+                "inconclusive": list(self.inconclusive), "thresholds": dict(self.thresholds), **self.stats.to_dict()}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "HeldOutCheck":
         return cls(f.req("data", str), f.req("passed", bool), list(f.req("failures", list)),
-                   dict(f.req("thresholds", dict)), _stats(f))
+                   dict(f.req("thresholds", dict)), _stats(f), list(f.opt("inconclusive", list) or []))
 
 
 @dataclass

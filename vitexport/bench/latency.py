@@ -63,9 +63,3 @@ def measure_latency(runner: Runner, x: np.ndarray, iterations: int, min_time: fl
     mean = statistics.fmean(ms)
     return Latency(b, len(ms), mean, _percentile(ms, 50), _percentile(ms, 90), _percentile(ms, 99),
                    b / (mean / 1e3), h2d, d2h)
-
-
-def batch_of(data: np.ndarray, b: int) -> np.ndarray:
-    """b inputs from the data set (repeated when it is smaller than b)."""
-    reps = -(-b // len(data))
-    return np.ascontiguousarray(np.concatenate([data] * reps)[:b])

@@ -47,7 +47,17 @@ class BenchRow:
     top1_agree: float | None
     top5_agree: float | None
     acc: float | None
-    parity: str  # 'pass' | 'FAIL'
+    parity: str  # 'pass' | 'FAIL' | 'inconclusive'
+    top1_agree_low: float | None = None  # 95 % interval of top1_agree
+    top1_agree_high: float | None = None
+    acc_low: float | None = None  # 95 % interval of acc
+    acc_high: float | None = None
+    top5_acc: float | None = None
+    acc_drop: float | None = None  # points, paired against the reference on the same images
+    acc_drop_low: float | None = None
+    acc_drop_high: float | None = None
+    flips_down: int | None = None
+    flips_up: int | None = None
 
 
 def rows(report: BenchReport) -> list[BenchRow]:
@@ -57,6 +67,9 @@ def rows(report: BenchReport) -> list[BenchRow]:
         if not r.available:
             continue
         st = r.parity.stats if r.parity else None
+        status = {"pass": "pass", "fail": "FAIL", "inconclusive": "inconclusive"}[r.parity.status] if r.parity \
+            else "FAIL"
+        ci = _intervals(st)
         for lat in r.latency or [None]:
             out.append(BenchRow(
                 backend=r.name, precision=r.precision, device=r.device, batch=lat.batch if lat else None,
@@ -67,7 +80,7 @@ def rows(report: BenchReport) -> list[BenchRow]:
                 max_abs=st.max_abs if st else None, mean_abs=st.mean_abs if st else None,
                 cos_min=st.cos_min if st else None, cos_mean=st.cos_mean if st else None,
                 top1_agree=st.top1_agree if st else None, top5_agree=st.top5_agree if st else None,
-                acc=st.acc if st else None, parity="pass" if r.parity and r.parity.passed else "FAIL",
+                acc=st.acc if st else None, parity=status, **ci,
             ))
     return out
 
@@ -94,6 +107,38 @@ def unavailable_lines(report: BenchReport) -> list[str]:
     return out
 
 
+def _intervals(st) -> dict:
+    """The BenchRow fields that carry the figures' uncertainty."""
+    if st is None:
+        return {}
+
+    def pair(v):
+        return (v[0], v[1]) if v else (None, None)
+
+    (al, ah), (dl, dh), (tl, th) = pair(st.acc_ci), pair(st.acc_drop_ci), pair(st.top1_agree_ci)
+    return dict(top1_agree_low=tl, top1_agree_high=th, acc_low=al, acc_high=ah, top5_acc=st.top5_acc,
+                acc_drop=st.acc_drop, acc_drop_low=dl, acc_drop_high=dh, flips_down=st.flips_down,
+                flips_up=st.flips_up)
+
+
+def _with_interval(v, lo, hi, digits: int = 2) -> str:
+    """'98.89 (97.2-99.7)': a rate in percent and its 95 % interval."""
+    if v is None:
+        return "-"
+    return f"{v * 100:.{digits}f}" + ("" if lo is None else f" ({lo * 100:.1f}-{hi * 100:.1f})")
+
+
+def _drop(r: BenchRow) -> str:
+    """'+0.28 [-0.9,+1.2] 3/1': the paired top-1 drop in points, its interval and the flips down/up."""
+    if r.acc_drop is None:
+        return "-"
+    return f"{r.acc_drop:+.2f} [{r.acc_drop_low:+.1f},{r.acc_drop_high:+.1f}] {r.flips_down}/{r.flips_up}"
+
+
+_PARITY_STYLE = {"pass": "[green]pass[/green]", "FAIL": "[red]FAIL[/red]",
+                 "inconclusive": "[yellow]inconclusive[/yellow]"}
+
+
 def _wrong_artifacts(report: BenchReport) -> list[dict]:
     return [a for a in report.artifacts if a.get("status", "ok") != "ok"]
 
@@ -115,28 +160,39 @@ def print_table(report: BenchReport, console=None) -> None:
     for col, kw in [("backend", {}), ("batch", {"justify": "right"}), ("mean ms", {"justify": "right"}),
                     ("p50", {"justify": "right"}), ("p99", {"justify": "right"}), ("img/s", {"justify": "right"}),
                     ("vs ref", {"justify": "right"}), ("max abs", {"justify": "right"}),
-                    ("cos min", {"justify": "right"}), ("top-1 agree", {"justify": "right"})] + (
-            [("top-1 acc", {"justify": "right"})] if labelled else []) + [("parity", {})]:
+                    ("cos min", {"justify": "right"}), ("top-1 agree %", {"justify": "right"})] + (
+            [("top-1 acc % (95% CI)", {"justify": "right"}), ("drop pts [95% CI] down/up", {"justify": "right"})]
+            if labelled else []) + [("parity", {})]:
         t.add_column(col, **kw)
     for row in rows(report):
         cells = [row.backend, _fmt(row.batch, "d"), _fmt(row.mean_ms, ".2f"), _fmt(row.p50_ms, ".2f"),
                  _fmt(row.p99_ms, ".2f"), _fmt(row.throughput, ".1f"), _ratio(row.vs_reference),
-                 _fmt(row.max_abs, ".2e"), _fmt(row.cos_min, ".5f"), _fmt(row.top1_agree, ".1%")]
+                 _fmt(row.max_abs, ".2e"), _fmt(row.cos_min, ".5f"),
+                 _with_interval(row.top1_agree, row.top1_agree_low, row.top1_agree_high, 1)]
         if labelled:
-            cells.append(_fmt(row.acc, ".2%"))
-        cells.append("[green]pass[/green]" if row.parity == "pass" else "[red]FAIL[/red]")
+            cells += [_with_interval(row.acc, row.acc_low, row.acc_high), _drop(row)]
+        cells.append(_PARITY_STYLE[row.parity])
         t.add_row(*cells)
     console.print(t)
     for line in unavailable_lines(report):
         console.print(f"  [dim]{escape(line)}[/dim]")
     for r in report.results:
         if r.available and r.missed_parity and r.parity is not None:
-            console.print(f"  [red]{r.name}: parity miss: {escape('; '.join(r.parity.failures))}[/red]")
+            style = "red" if r.parity.failed else "yellow"
+            what = "parity miss" if r.parity.failed else "parity"
+            console.print(f"  [{style}]{r.name}: {what}: {escape('; '.join(r.parity.problems()))}[/{style}]")
         if r.available and "not_timed" in r.info:
             console.print(f"  [dim]{r.name}: parity only: {escape(r.info['not_timed'])}[/dim]")
     for a in _wrong_artifacts(report):  # present but not the file its record describes: a failure, not 'unavailable'
         console.print(f"  [red]FAIL {escape(a['file'])} ({a['status']}): {escape(a['reason'])}; "
                       f"{escape(a['remedy'])}[/red]")
+    d = report.data
+    if d.get("decode"):
+        dec = d["decode"]
+        console.print(f"  Inputs: {d['n_parity']:,} images{' (a subset, spread evenly)' if d.get('subset') else ''}, "
+                      f"decoded once in {dec['seconds']:.1f}s ({dec['images_per_s'] or 0:,.0f}/s, {dec['workers']} "
+                      f"workers); inference per backend: "
+                      + ", ".join(f"{r.name} {r.timing['inference_s']:.1f}s" for r in report.results if r.timing))
     if report.model["random_weights"]:
         console.print("  [yellow]Random weights (no checkpoint): latency is real, accuracy is meaningless.[/yellow]")
     env = report.environment
@@ -176,21 +232,23 @@ def to_markdown(report: BenchReport) -> str:
         *(["- inference precision asked of OpenVINO: " + ", ".join(hints)] if hints else []),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v), "",
         "| backend | batch | mean ms | p50 ms | p90 ms | p99 ms | img/s | vs reference | max abs | cos min | "
-        "top-1 agree | top-1 acc | parity |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "top-1 agree % (95% CI) | top-1 acc % (95% CI) | drop pts [95% CI] down/up | parity |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows(report):
         lines.append(
             f"| {r.backend} | {_fmt(r.batch, 'd')} | {_fmt(r.mean_ms, '.2f')} | {_fmt(r.p50_ms, '.2f')} | "
             f"{_fmt(r.p90_ms, '.2f')} | {_fmt(r.p99_ms, '.2f')} | {_fmt(r.throughput, '.1f')} | "
             f"{_ratio(r.vs_reference, '')} | {_fmt(r.max_abs, '.2e')} | {_fmt(r.cos_min, '.5f')} | "
-            f"{_fmt(r.top1_agree, '.1%')} | {_fmt(r.acc, '.2%')} | {r.parity} |")
+            f"{_with_interval(r.top1_agree, r.top1_agree_low, r.top1_agree_high, 1)} | "
+            f"{_with_interval(r.acc, r.acc_low, r.acc_high)} | {_drop(r)} | {r.parity} |")
     unavailable = unavailable_lines(report)
     if unavailable:
         lines += ["", "Unavailable:", ""] + [f"- {line}" for line in unavailable]
     failed = [r for r in report.results if r.missed_parity and r.parity is not None]
     if failed:
-        lines += ["", "Parity misses:", ""] + [f"- {r.name}: {'; '.join(r.parity.failures)}" for r in failed]
+        lines += ["", "Parity misses and undecided bounds:", ""] + [
+            f"- {r.name}: {'; '.join(r.parity.problems())}" for r in failed]
     wrong = _wrong_artifacts(report)
     if wrong:
         lines += ["", "Artifacts that failed verification:", ""] + [
@@ -208,7 +266,19 @@ def to_csv(report: BenchReport) -> str:
     return buf.getvalue()
 
 
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (throughput, accuracy) points no other point beats on both, by throughput."""
+    front, best = [], -math.inf
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if y > best:
+            front.append((x, y))
+            best = y
+    return sorted(front)
+
+
 def plot(report: BenchReport, path: Path) -> None:
+    """Accuracy (labelled data) or top-1 agreement with the reference against throughput: one point per backend
+    and batch, its 95 % interval as an error bar, and the Pareto front a user chooses from."""
     try:
         import matplotlib
 
@@ -216,17 +286,31 @@ def plot(report: BenchReport, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise VitexportError("--plot needs matplotlib: pip install 'vitexport[plot]'.") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in report.results:
-        if r.available and r.latency:
-            ax.plot([lt.batch for lt in r.latency], [lt.throughput for lt in r.latency], marker="o", label=r.name)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("images / s")
-    ax.set_xscale("log", base=2)
+    labelled = report.data["labelled"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    points = []
+    for row in rows(report):
+        if row.throughput is None:
+            continue
+        y, lo, hi = (row.acc, row.acc_low, row.acc_high) if labelled else \
+            (row.top1_agree, row.top1_agree_low, row.top1_agree_high)
+        if y is None:
+            continue
+        err = None if lo is None else [[(y - lo) * 100], [(hi - y) * 100]]
+        ax.errorbar([row.throughput], [y * 100], yerr=err, marker="o", capsize=3, linestyle="none",
+                    label=f"{row.backend} b{row.batch}")
+        points.append((row.throughput, y * 100))
+    front = pareto(points)
+    if front:
+        ax.plot([p[0] for p in front], [p[1] for p in front], "k--", linewidth=1, label="Pareto front")
+    ax.set_xlabel("images / s")
+    ax.set_ylabel("top-1 accuracy, %" if labelled else "top-1 agreement with the reference, %")
+    ax.set_xscale("log")
     m = report.model
-    ax.set_title(f"{m['variant']} {m['img_size'][0]}x{m['img_size'][1]} throughput")
+    ax.set_title(f"{m['variant']} {m['img_size'][0]}x{m['img_size'][1]} on {report.data['n_parity']:,} images "
+                 "(95% intervals)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     with atomic_path(Path(path), suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=120)

@@ -13,26 +13,25 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .. import __version__
 from ..artifacts.folder import ModelFolder, artifact_kind
 from ..artifacts.manifest import Manifest
 from ..artifacts.verify import MISSING, FileCheck, check_folder
 from ..artifacts.workspace import reading
 from ..backends.base import Runner
-from ..data.images import Dataset, labels_for_model, load_folder
+from ..data.stream import OutputStore
 from ..ensure import ensure_artifact, open_model
 from ..environment import cuda_gpu, environment
 from ..errors import BackendUnavailable, ParityError, VitexportError
 from ..export.torch_model import model_from_manifest
 from ..model.spec import ModelSpec
-from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, compare, judge
+from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, judge
 from ..paths import default_heldout_dir, display_path
 from ..precision.settings import CalibOptions
 from ..preflight import check_batches
 from ..progress import QUIET, Log
-from .latency import Latency, batch_of, measure_latency
+from ..validate.evaluate import Evaluation, ValidationSet, evaluate, open_validation
+from .latency import Latency, measure_latency
 
 PREPARED_KINDS = ("fp16", "int8", "int8-trt")  # ONNX kinds the bench makes when missing (unless --no-prepare)
 # ONNX kinds each ONNX Runtime provider runs: each INT8 graph where it belongs (the TensorRT-shaped one on the CPU
@@ -55,7 +54,8 @@ class BenchOptions:
     backends: tuple[str, ...] = ()  # substrings of runner names to keep; empty: all
     thresholds: dict[str, Thresholds] = field(default_factory=dict)  # per-precision overrides
     strict: bool = False
-    parity_limit: int | None = None  # at most this many inputs for parity (None: all)
+    max_images: int | None = None  # this many images spread evenly over --data (None: every one)
+    workers: int | None = None  # decoding threads (None: one per core, at most 8)
 
 
 @dataclass
@@ -68,8 +68,10 @@ class BackendResult:
     available: bool  # it loaded and ran
     reason: str = ""  # why not
     info: dict = field(default_factory=dict)  # what the runner recorded: threads, providers, plan, ...
-    parity: ParityVerdict | None = None  # against the reference, on every parity input
+    parity: ParityVerdict | None = None  # against the reference, on every input
     latency: list[Latency] = field(default_factory=list)  # one per timed batch size
+    per_class: list[dict] = field(default_factory=list)  # labelled data: top-1 per class, reference and this
+    timing: dict = field(default_factory=dict)  # the parity pass: inference and input-reading seconds, images/s
 
     @property
     def missed_parity(self) -> bool:
@@ -79,7 +81,7 @@ class BackendResult:
         return {"name": self.name, "backend": self.backend, "precision": self.precision, "device": self.device,
                 "provider": self.provider, "available": self.available, "reason": self.reason, "info": self.info,
                 "parity": None if self.parity is None else self.parity.to_dict(),
-                "latency": [asdict(lt) for lt in self.latency]}
+                "latency": [asdict(lt) for lt in self.latency], "per_class": self.per_class, "timing": self.timing}
 
 
 @dataclass
@@ -103,8 +105,11 @@ class BenchReport:
 
     def failures(self) -> list[str]:
         """What failed, one phrase each: parity misses, then artifacts that did not verify."""
-        missed = [r.name for r in self.results if r.missed_parity]
+        missed = [r.name for r in self.results if r.missed_parity and r.parity and r.parity.failed]
+        undecided = [r.name for r in self.results if r.missed_parity and r.parity and not r.parity.failed]
         return ([f"parity missed by {', '.join(missed)}"] if missed else []) + \
+            ([f"parity inconclusive for {', '.join(undecided)} on {self.data['n_parity']:,} images (too few to decide "
+              "the accuracy bound; docs/PARITY.md)"] if undecided else []) + \
             [f"{Path(a['file']).name} {a['reason']}" for a in self.artifacts if a.get("status", "ok") != "ok"]
 
     def to_dict(self) -> dict:
@@ -154,43 +159,41 @@ def discover(folder: ModelFolder, model, threads: int, gpu: bool,
 
 # -- the whole job ------------------------------------------------------------------------------------------
 
-@dataclass
-class _Inputs:
-    data: Dataset  # every input, for latency batches
-    x_parity: np.ndarray  # the inputs parity is computed on
-    labels: np.ndarray | None  # their labels, when the folders name the model's classes
-
-
-def _load_inputs(manifest: Manifest, opts: BenchOptions, log: Log) -> _Inputs:
+def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log) -> ValidationSet:
     data_dir = Path(opts.data) if opts.data else default_heldout_dir(manifest.variant)
     int8 = manifest.precisions.get("int8")
     calib_dir = None if int8 is None or int8.calibration is None else int8.calibration.data
     if calib_dir and Path(calib_dir).resolve() == data_dir.resolve():
         log.warn(f"{data_dir} is the data the INT8 model was calibrated on: its INT8 parity will look better "
                  "than on unseen images.")
-    with log.step(f"Loading inputs from {data_dir}"):
-        data = load_folder(data_dir, manifest.preprocess)
-    x_parity = data.x if opts.parity_limit is None else data.x[:opts.parity_limit]
-    all_labels, why = labels_for_model(data, manifest.num_classes)
-    if why:
-        log.warn(f"Class folders of {data_dir} not used as labels: {why}.")
-    labels = None if all_labels is None else all_labels[:len(x_parity)]
-    classes = f" with labels ({len(data.classes or [])} classes)" if labels is not None else ""
-    log.info(f"{len(data)} inputs{classes}")
-    return _Inputs(data, x_parity, labels)
+    return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log)
 
 
 class _Reference:
-    """PyTorch FP32 eager on the CPU (first in the list); if it cannot run, the next FP32 backend stands in."""
+    """PyTorch FP32 eager on the CPU (first in the list); if it cannot run, the next FP32 backend stands in. Its
+    outputs are kept on disk for the backends after it."""
 
     def __init__(self) -> None:
-        self.out: np.ndarray | None = None
+        self.store: OutputStore | None = None
         self.name = "none"
         self.throughput: dict[int, float] = {}  # batch -> images/s
 
 
-def _run_backend(runner: Runner, inputs: _Inputs, batches: tuple[int, ...], opts: BenchOptions, ref: _Reference,
-                 log: Log) -> BackendResult:
+def _parity(runner: Runner, vset: ValidationSet, opts: BenchOptions, ref: _Reference, log: Log) -> tuple[Evaluation, bool]:
+    """The runner on every input against the reference (or as the reference, when none ran yet and it is FP32)."""
+    is_reference = ref.store is None and runner.precision == "fp32"
+    if ref.store is None and not is_reference:
+        raise VitexportError("the PyTorch FP32 reference is unavailable")
+    store = OutputStore(vset.inputs.dir) if is_reference else None
+    ev = evaluate(runner.infer_all, vset.inputs, vset.labels, reference=None if is_reference else ref.store,
+                  record=store, label=runner.name, log=log)
+    if is_reference:
+        ref.store, ref.name = store, runner.name
+    return ev, is_reference
+
+
+def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], opts: BenchOptions,
+                 ref: _Reference, log: Log) -> BackendResult:
     """Load, parity on every input, latency per batch, close: one row of the report."""
     res = BackendResult(runner.name, runner.backend, runner.precision, runner.device, runner.provider, False)
     try:
@@ -201,14 +204,9 @@ def _run_backend(runner: Runner, inputs: _Inputs, batches: tuple[int, ...], opts
     res.available, res.info = True, dict(runner.info)
     try:
         with log.step(f"{runner.name}"):
-            out = runner.infer_all(inputs.x_parity)
-            is_reference = ref.out is None and runner.precision == "fp32"
-            if is_reference:
-                ref.out, ref.name = out, runner.name
-            if ref.out is None:
-                raise VitexportError("the PyTorch FP32 reference is unavailable")
-            res.parity = judge(compare(ref.out, out, inputs.labels), runner.precision,
-                               opts.thresholds.get(runner.precision))
+            ev, is_reference = _parity(runner, vset, opts, ref, log)
+            res.parity = judge(ev.stats, runner.precision, opts.thresholds.get(runner.precision))
+            res.per_class, res.timing = ev.per_class, ev.timing()
             if not runner.timed:
                 res.info["not_timed"] = "the graph is shaped for another runtime; its speed here means nothing"
             for b in batches if runner.timed else ():
@@ -217,8 +215,7 @@ def _run_backend(runner: Runner, inputs: _Inputs, batches: tuple[int, ...], opts
                     res.info.setdefault("skipped_batches", []).append(b)
                     log.info(f"{runner.name}: batch {b} is outside its range {lo}-{hi}; not timed")
                     continue
-                lat = measure_latency(runner, batch_of(inputs.data.x, b), opts.iterations, opts.min_time,
-                                      opts.warmup)
+                lat = measure_latency(runner, vset.inputs.sample(b), opts.iterations, opts.min_time, opts.warmup)
                 if is_reference:
                     ref.throughput[b] = lat.throughput
                 if b in ref.throughput:
@@ -262,7 +259,15 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
     if dead := [d for d in debris if not d.alive]:
         log.warn(f"{folder.path} holds {len(dead)} leftover(s) of an interrupted run; `vitexport info --clean "
                  f"{folder.path}` removes them.")
-    inputs = _load_inputs(manifest, opts, log)
+    vset = _open_inputs(manifest, opts, log)
+    try:
+        return _bench(folder, manifest, vset, checks, threads, gpu, batches, opts, t_start, log)
+    finally:
+        vset.close()
+
+
+def _bench(folder: ModelFolder, manifest: Manifest, vset: ValidationSet, checks: list[FileCheck], threads: int,
+           gpu: bool, batches: tuple[int, ...], opts: BenchOptions, t_start: float, log: Log) -> BenchReport:
     try:
         model = model_from_manifest(manifest)
     except VitexportError as e:
@@ -274,7 +279,7 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
                    or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu")]
     ref = _Reference()
     wrong = {c.path: c for c in checks if c.problem}
-    results = [_not_run(r, wrong) or _run_backend(r, inputs, batches, opts, ref, log) for r in runners]
+    results = [_not_run(r, wrong) or _run_backend(r, vset, batches, opts, ref, log) for r in runners]
     return BenchReport(
         vitexport_version=__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -285,12 +290,13 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
                "random_weights": manifest.checkpoint is None},
         artifacts=[{"file": display_path(c.path), "kind": c.kind, "bytes": c.path.stat().st_size, "sha256": c.sha256,
                     "status": c.status, "reason": c.reason, "remedy": c.remedy} for c in checks],
-        data={"source": display_path(inputs.data.source), "n": len(inputs.data), "n_parity": len(inputs.x_parity),
-              "labelled": inputs.labels is not None, "classes": inputs.data.classes},
+        data={"source": display_path(vset.source), "n": vset.images.total, "n_parity": len(vset),
+              "subset": len(vset) < vset.images.total, "labelled": vset.labels is not None,
+              "classes": vset.images.classes, "decode": vset.inputs.decode.to_dict()},
         reference=ref.name,
         thresholds={p: (opts.thresholds.get(p) or th).to_dict() for p, th in DEFAULT_THRESHOLDS.items()},
         options={"batches": list(batches), "iterations": opts.iterations, "min_time": opts.min_time,
-                 "warmup": opts.warmup, "threads": threads, "strict": opts.strict},
+                 "warmup": opts.warmup, "threads": threads, "strict": opts.strict, "max_images": opts.max_images},
         results=results,
         wall_s=time.perf_counter() - t_start,
     )

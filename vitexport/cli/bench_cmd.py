@@ -54,17 +54,24 @@ def _report_file(ctx: click.Context, param: click.Parameter, path: Path | None) 
     return path
 
 
-def _bench_options(data, batches, iterations, min_time, warmup, threads, backends, thresholds, strict):
+def _bench_options(data, max_images, workers, batches, iterations, min_time, warmup, threads, backends, thresholds,
+                   strict):
     """BenchOptions' fields; the command makes them one after its checks (bench.py loads torch)."""
-    return dict(data=data, batches=tuple(batches) or None, iterations=iterations, min_time=min_time,
-                warmup=warmup, threads=threads, backends=tuple(backends), thresholds=thresholds, strict=strict)
+    return dict(data=data, max_images=max_images, workers=workers, batches=tuple(batches) or None,
+                iterations=iterations, min_time=min_time, warmup=warmup, threads=threads, backends=tuple(backends),
+                thresholds=thresholds, strict=strict)
 
 
 BENCH = OptionGroup(
     "opts",
     lambda: [
         opt("--data", type=click.Path(exists=True, path_type=Path), default=None,
-            help="Image folder (class subfolders give labels). Default: the shipped held-out set for the model."),
+            help="Image folder (class subfolders give labels; every image is used), or .npy inputs. Default: the "
+                 "shipped held-out set for the model."),
+        opt("--max-images", type=click.IntRange(min=1), default=None,
+            help="Use this many images, spread evenly over --data (the same ones for every backend)."),
+        opt("--workers", type=click.IntRange(min=1), default=None,
+            help="Threads decoding images (each image is decoded once per run). Default: one per core, at most 8."),
         opt("--batch", "batches", type=click.IntRange(min=1), multiple=True,
             help="Batch sizes (repeatable). Default: 1, 8 (GPU: 1, 8, 32)."),
         opt("--iterations", type=click.IntRange(min=1), default=10, show_default=True,
@@ -78,7 +85,9 @@ BENCH = OptionGroup(
             help="Only backends whose name contains this (repeatable), e.g. 'onnxruntime', 'int8'."),
         opt("--threshold", "thresholds", multiple=True, metavar="PREC.FIELD=VALUE", callback=_thresholds,
             help="Override a parity threshold, e.g. int8.cos_min=0.99 (see docs/PARITY.md)."),
-        opt("--strict", is_flag=True, help="Exit 1 when any backend misses a parity threshold."),
+        opt("--strict", is_flag=True,
+            help="Exit 1 when any backend misses a parity threshold, or when the set is too small to decide one "
+                 "(inconclusive: docs/PARITY.md)."),
     ],
     _bench_options,
 )
@@ -99,7 +108,8 @@ REPORT = OptionGroup(
         opt("--markdown", "markdown_path", type=click.Path(path_type=Path), default=None, callback=_report_file),
         opt("--csv", "csv_path", type=click.Path(path_type=Path), default=None, callback=_report_file),
         opt("--plot", "plot_path", type=click.Path(path_type=Path), default=None, callback=_report_file,
-            help="PNG of throughput vs batch."),
+            help="PNG: accuracy (or top-1 agreement) against throughput, a point per backend and batch, with the "
+                 "Pareto front."),
     ],
     lambda json_path, markdown_path, csv_path, plot_path: ReportFiles(json_path, markdown_path, csv_path, plot_path),
 )

@@ -38,9 +38,7 @@ def to_8bit(img):
 
 def preprocess_image(img, pp: Preprocess) -> np.ndarray:
     """A PIL image -> (3, H, W) float32, normalised."""
-    x = np.asarray(resize_and_crop(img, pp), dtype=np.float32) / 255.0  # (H, W, 3)
-    x = (x - np.asarray(pp.mean, dtype=np.float32)) / np.asarray(pp.std, dtype=np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1))  # (3, H, W)
+    return normalise(np.asarray(resize_and_crop(img, pp), dtype=np.uint8)[None], pp)[0]
 
 
 def resize_and_crop(img, pp: Preprocess):
@@ -79,13 +77,15 @@ def resize_and_crop(img, pp: Preprocess):
     return img.crop((left, top, left + tw, top + th))
 
 
-def load_image(path: Path, pp: Preprocess) -> np.ndarray:
+def decode_crop(path: Path, pp: Preprocess) -> np.ndarray:
+    """One image file -> its (H, W, 3) uint8 crop (resize_and_crop); one sentence naming the file when it cannot
+    be read."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as img:
             img.load()
-            return preprocess_image(img, pp)
+            return np.asarray(resize_and_crop(img, pp), dtype=np.uint8)
     except Image.DecompressionBombError as e:
         raise VitexportError(f"Image {path} is too large to decode safely ({e}); downscale it first.") from None
     except UnidentifiedImageError:
@@ -94,6 +94,24 @@ def load_image(path: Path, pp: Preprocess) -> np.ndarray:
     except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt files
         why = (str(e).strip().splitlines() or [""])[0].rstrip(".") or "the file is damaged"
         raise VitexportError(f"Cannot read image {path}: {why}; remove it from the folder or save it again.") from None
+
+
+def normalise(crops: np.ndarray, pp: Preprocess) -> np.ndarray:
+    """(B, H, W, 3) uint8 crops -> (B, 3, H, W) float32 inputs: scaled to [0, 1], then mean/std."""
+    x = crops.astype(np.float32) / 255.0
+    x = (x - np.asarray(pp.mean, dtype=np.float32)) / np.asarray(pp.std, dtype=np.float32)
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def load_image(path: Path, pp: Preprocess) -> np.ndarray:
+    """One image file -> its (3, H, W) float32 input."""
+    return normalise(decode_crop(path, pp)[None], pp)[0]
+
+
+def class_folders(root: Path) -> list[str]:
+    """The class subfolders of an ImageFolder, in class order: '2' before '10', names after numbers."""
+    return sorted((d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                  key=lambda n: (0, int(n), n) if n.isdigit() else (1, 0, n))
 
 
 def iter_batches(files: list[Path], pp: Preprocess, batch: int):
@@ -145,8 +163,7 @@ def load_folder(root: Path, pp: Preprocess, limit: int | None = None, progress=N
         if npys:
             return _load_npy(npys, pp, limit)
         raise VitexportError(f"Data folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
-    subdirs = sorted((d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")),
-                     key=lambda n: (0, int(n), n) if n.isdigit() else (1, 0, n))  # '2' before '10'
+    subdirs = class_folders(root)
     labelled = bool(subdirs) and all(f.parent.parent == root for f in files)
     files = select(files, limit)
     xs = []
@@ -189,8 +206,35 @@ def _load_npy(paths: list[Path], pp: Preprocess, limit: int | None) -> Dataset:
     return Dataset(x, None, list(paths), None, ",".join(map(str, paths)))
 
 
-def labels_for_model(data: Dataset, num_classes: int) -> tuple[np.ndarray | None, str | None]:
-    """Folder labels as the model's class indices, or (None, why not).
+def _load_npy_header(p: Path) -> tuple[int, tuple[int, ...]]:
+    """(images, shape) of a .npy file of preprocessed inputs, read from its header alone."""
+    try:
+        shape = np.load(p, mmap_mode="r", allow_pickle=False).shape  # the header only: nothing is read
+    except (OSError, ValueError) as e:
+        why = (str(e).strip().splitlines() or [""])[0].rstrip(".") or "not a NumPy .npy file"
+        raise VitexportError(f"Cannot read {p}: {why}; give arrays saved with numpy.save.") from None
+    return (1 if len(shape) == 3 else int(shape[0]) if shape else 0), tuple(shape)
+
+
+def check_npy(p: Path, item_shape: tuple[int, ...]) -> np.ndarray:
+    """A .npy file of (N, 3, H, W) (or one (3, H, W)) preprocessed inputs, opened as a read-only map."""
+    try:
+        a = np.load(p, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        why = (str(e).strip().splitlines() or [""])[0].rstrip(".") or "not a NumPy .npy file"
+        raise VitexportError(f"Cannot read {p}: {why}; give arrays saved with numpy.save.") from None
+    if a.dtype.kind not in "fiu":
+        raise VitexportError(f"{p} holds {a.dtype} values; give float32 preprocessed inputs.")
+    if a.ndim == 3:
+        a = a[None]
+    if a.ndim != 4 or tuple(a.shape[1:]) != tuple(item_shape):
+        raise VitexportError(f"{p} has shape {a.shape}; expected (N, {item_shape[0]}, {item_shape[1]}, "
+                             f"{item_shape[2]}) preprocessed inputs.")
+    return a
+
+
+def labels_for_model(data, num_classes: int) -> tuple[np.ndarray | None, str | None]:
+    """Folder labels (of a Dataset or a stream.ImageSet) as the model's class indices, or (None, why not).
 
     Class folders named by integers are those class indices; otherwise the sorted folders must be exactly
     the model's classes (as many folders as classes).

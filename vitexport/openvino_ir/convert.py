@@ -25,13 +25,14 @@ from ..artifacts.verify import check_onnx
 from ..backends.base import infer_in_chunks
 from ..backends.openvino_backend import INSTALL_COMMAND, OpenVinoRunner, first_line, import_openvino
 from ..backends.ort_session import create_session
-from ..data.images import Dataset, labels_for_model, load_folder
 from ..errors import BackendUnavailable, ParityError, VitexportError
-from ..parity.compare import ParityVerdict, Thresholds, compare, judge
+from ..parity.compare import ParityVerdict, Thresholds, describe, judge
 from ..paths import default_heldout_dir, display_path, sha256_file, staging_prefix
 from ..precision.prepare import PrecisionResult
 from ..precision.settings import CalibOptions
 from ..progress import QUIET, Log
+from ..validate.evaluate import ValidationSet, evaluate, open_validation
+
 
 def ir_kind(precision: str) -> str:
     """'int8' -> 'openvino-int8', the folder's name for that IR."""
@@ -101,41 +102,33 @@ def _publish(tmp_xml: Path, xml: Path) -> None:
 
 # -- checking against FP32 ----------------------------------------------------------------------------------
 
-def _heldout(calib: CalibOptions, manifest: Manifest, log: Log) -> Dataset | None:
+def _heldout(calib: CalibOptions, manifest: Manifest, log: Log) -> ValidationSet | None:
     if not calib.check:
         return None
     root = Path(calib.check_data) if calib.check_data else default_heldout_dir(manifest.variant)
-    held = load_folder(root, manifest.preprocess)
-    held.labels, why = labels_for_model(held, manifest.num_classes)
-    if why:
-        log.warn(f"Class folders of {root} not used as labels: {why}.")
-    return held
+    return open_validation(root, manifest.preprocess, manifest.num_classes, log=log)
 
 
-def check_ir_against_fp32(fp32: Path, xml: Path, precision: str, manifest: Manifest, held: Dataset,
+def check_ir_against_fp32(fp32: Path, xml: Path, precision: str, manifest: Manifest, held: ValidationSet,
                           thresholds: Thresholds | None = None, log: Log = QUIET) -> ParityVerdict:
-    """The IR on OpenVINO's CPU plugin against the FP32 ONNX on ONNX Runtime, on the held-out inputs.
+    """The IR on OpenVINO's CPU plugin against the FP32 ONNX on ONNX Runtime, batch by batch over the held-out set.
 
     The IR runs with the f32 inference precision: the check is of the file, not of a CPU's bf16 arithmetic."""
     sess = create_session(fp32)
-    ref = infer_in_chunks(lambda x: sess.run([manifest.output_name], {manifest.input_name: x})[0], held.x)
     runner = OpenVinoRunner(xml, precision, hint="f32", input_name=manifest.input_name,
                             output_name=manifest.output_name)
     try:
         with runner:
-            out = runner.infer_all(held.x)
+            ev = evaluate(runner.infer_all, held.inputs, held.labels, label=f"checking the {precision} IR", log=log,
+                          reference=lambda x: infer_in_chunks(
+                              lambda b: sess.run([manifest.output_name], {manifest.input_name: b})[0], x))
     except BackendUnavailable as e:
         raise VitexportError(f"{e}.") from None
-    verdict = judge(compare(ref, out, held.labels), precision, thresholds)
-    s = verdict.stats
-    acc = "" if s.acc is None else f", top-1 accuracy FP32 {s.acc_ref:.2%} vs IR {s.acc:.2%}"
-    log.info(f"OpenVINO {precision.upper()} IR vs FP32 on {s.n} held-out inputs: max abs {s.max_abs:.3g}, cosine "
-             f"min {s.cos_min:.5f} / mean {s.cos_mean:.5f}, top-1 agree {s.top1_agree:.1%}{acc}")
+    verdict = judge(ev.stats, precision, thresholds)
+    log.info(f"OpenVINO {precision.upper()} IR vs FP32 on {len(held):,} held-out inputs: {describe(verdict.stats)}")
+    for line in verdict.inconclusive:
+        log.warn(f"The {precision.upper()} IR's check {line}.")
     return verdict
-
-
-def _held_out_check(held: Dataset, verdict: ParityVerdict) -> HeldOutCheck:
-    return HeldOutCheck(held.source, verdict.passed, verdict.failures, verdict.thresholds.to_dict(), verdict.stats)
 
 
 # -- making an IR (ensure.MAKERS) ---------------------------------------------------------------------------
@@ -144,7 +137,7 @@ def make_ir(folder: ModelFolder, kind: str, calib: CalibOptions | None = None, l
     """Convert the folder's IR_SOURCE[kind] ONNX (present; ensure_artifact makes it current first) into the IR
     `kind`, check it against the FP32 ONNX, record it. ParityError (exit 1) on a miss, the previous IR untouched."""
     calib = calib or CalibOptions()
-    precision, source_kind = artifact_kind(kind).precision, IR_SOURCE[kind]
+    source_kind = IR_SOURCE[kind]
     manifest, fp32, source, xml = folder.read_manifest(), folder.onnx("fp32"), folder.onnx(source_kind), folder.onnx(kind)
     if not source.is_file():
         raise VitexportError(f"{source} is missing; make it with `{artifact_kind(source_kind).made_by}` first.")
@@ -153,6 +146,16 @@ def make_ir(folder: ModelFolder, kind: str, calib: CalibOptions | None = None, l
         raise VitexportError(f"{fp32} changed since it was exported (sha256 differs from the manifest); re-export it.")
     _openvino()
     held = _heldout(calib, manifest, log)  # a bad data folder fails before the conversion
+    try:
+        return _convert(folder, kind, calib, manifest, fp32, fp32_sha, source, xml, held, log)
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _convert(folder: ModelFolder, kind: str, calib: CalibOptions, manifest: Manifest, fp32: Path, fp32_sha: str,
+             source: Path, xml: Path, held: ValidationSet | None, log: Log) -> PrecisionResult:
+    precision, source_kind = artifact_kind(kind).precision, IR_SOURCE[kind]
     # named like every temporary of the folder (.<file>.vx<pid>-*), so a killed run's leftovers are recognised
     fd, tmp_name = tempfile.mkstemp(prefix=staging_prefix(xml.name), suffix=".xml", dir=folder.path)
     os.close(fd)
@@ -164,9 +167,9 @@ def make_ir(folder: ModelFolder, kind: str, calib: CalibOptions | None = None, l
         check_ir_files(tmp_xml)
         verdict = None
         if held is not None:
-            with log.step(f"Checking the {precision.upper()} IR against FP32 on {len(held)} held-out inputs"):
+            with log.step(f"Checking the {precision.upper()} IR against FP32 on {len(held):,} held-out inputs"):
                 verdict = check_ir_against_fp32(fp32, tmp_xml, precision, manifest, held, calib.thresholds, log)
-            if not verdict.passed:
+            if verdict.failed:
                 rejected = folder.rejected(kind)
                 _publish(tmp_xml, rejected)
                 raise ParityError(f"The {precision.upper()} IR failed the parity check ({'; '.join(verdict.failures)}); "
@@ -174,7 +177,7 @@ def make_ir(folder: ModelFolder, kind: str, calib: CalibOptions | None = None, l
         tmp_bin = ir_weights_of(tmp_xml)
         record = PrecisionRecord(
             file=xml.name, source_sha256=fp32_sha, sha256=sha256_file(tmp_xml),
-            check=None if verdict is None else _held_out_check(held, verdict),
+            check=None if verdict is None else HeldOutCheck.from_verdict(held.source, verdict),
             openvino=IrRecord(ir_weights_of(xml).name, sha256_file(tmp_bin), tmp_bin.stat().st_size, source_kind,
                               onnx_digest(source), fp16, version))
         _publish(tmp_xml, xml)
@@ -231,8 +234,9 @@ def verify_ir(xml: Path, precision: str | None = None, calib: CalibOptions | Non
     verdict, held = None, _heldout(calib, manifest, log)
     if held is not None:
         prec = artifact_kind(kind).precision
-        verdict = check_ir_against_fp32(folder.onnx("fp32"), xml, prec, manifest, held, calib.thresholds, log)
-        if not verdict.passed:
+        with held:
+            verdict = check_ir_against_fp32(folder.onnx("fp32"), xml, prec, manifest, held, calib.thresholds, log)
+        if verdict.failed:
             raise ParityError(f"{xml.name} misses the {prec.upper()} parity thresholds against FP32 "
                               f"({'; '.join(verdict.failures)}).")
     return PrecisionResult(kind, xml, verdict, None, None)

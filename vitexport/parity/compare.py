@@ -25,58 +25,31 @@ class ParityStats:
     top5_agree: float  # fraction whose reference top-1 is in the candidate's top-5
     acc_ref: float | None = None  # top-1 accuracy against labels, when labels exist
     acc: float | None = None
+    # the uncertainty of the figures above (95 %, docs/PARITY.md); None in records made before they existed
+    top1_agree_ci: list[float] | None = None  # exact binomial interval of top1_agree
+    disagree: int | None = None  # images whose top-1 differs from the reference's
+    acc_ref_ci: list[float] | None = None
+    acc_ci: list[float] | None = None
+    top5_acc_ref: float | None = None
+    top5_acc: float | None = None
+    top5_acc_ci: list[float] | None = None
+    acc_drop: float | None = None  # (acc_ref - acc) in points, on the same images
+    acc_drop_ci: list[float] | None = None  # its paired interval, points (parity.stats.paired_drop)
+    flips_down: int | None = None  # right for the reference, wrong for the candidate
+    flips_up: int | None = None  # wrong for the reference, right for the candidate
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _cosine(a: "np.ndarray", b: "np.ndarray") -> "np.ndarray":
-    import numpy as np
-
-    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
-    denom = np.maximum(na * nb, 1e-30)
-    cos = (a * b).sum(axis=1) / denom
-    # two all-zero vectors are identical
-    cos[(na == 0) & (nb == 0)] = 1.0
-    return cos
-
-
 def compare(ref: "np.ndarray", out: "np.ndarray", labels: "np.ndarray | None" = None) -> ParityStats:
-    """ref, out: (N, C) logits (or (N, ...) features, flattened per sample)."""
-    import numpy as np  # here: the CLI reads the thresholds of this module without loading numpy
+    """ref, out: (N, C) logits (or (N, ...) features, flattened per sample), all at once; the streamed figures
+    (parity.accumulate) of one batch."""
+    from .accumulate import ParityAccumulator  # numpy: the CLI reads this module's thresholds without it
 
-    ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
-    out = np.asarray(out, dtype=np.float64).reshape(len(out), -1)
-    if ref.shape != out.shape:
-        raise ValueError(f"shape mismatch: {ref.shape} vs {out.shape}")
-    if not np.all(np.isfinite(out)):
-        nan = float("nan")
-        return ParityStats(len(ref), nan, nan, nan, nan, 0.0, 0.0,
-                           _acc(ref, labels), 0.0 if labels is not None else None)
-    diff = np.abs(ref - out)
-    cos = _cosine(ref, out)
-    k = min(5, ref.shape[1])
-    ref_top1 = ref.argmax(1)
-    top5 = np.argsort(-out, axis=1)[:, :k]
-    return ParityStats(
-        n=len(ref),
-        max_abs=float(diff.max()),
-        mean_abs=float(diff.mean()),
-        cos_min=float(cos.min()),
-        cos_mean=float(cos.mean()),
-        top1_agree=float((out.argmax(1) == ref_top1).mean()),
-        top5_agree=float((top5 == ref_top1[:, None]).any(1).mean()),
-        acc_ref=_acc(ref, labels),
-        acc=_acc(out, labels),
-    )
-
-
-def _acc(logits: "np.ndarray", labels: "np.ndarray | None") -> float | None:
-    import numpy as np
-
-    if labels is None:
-        return None
-    return float((logits.argmax(1) == np.asarray(labels)).mean())
+    acc = ParityAccumulator(len(ref), labels)
+    acc.update(0, ref, out)
+    return acc.stats()
 
 
 @dataclass
@@ -90,26 +63,43 @@ class Thresholds:
     acc_drop: float | None = None  # max allowed drop of top-1 accuracy in points (percent), when labelled
 
     def check(self, s: ParityStats) -> list[str]:
-        """The failed bounds, as readable phrases (empty: pass)."""
-        fails = []
+        """The failed bounds, as readable phrases (empty: none failed)."""
+        return self.assess(s)[0]
+
+    def assess(self, s: ParityStats) -> tuple[list[str], list[str]]:
+        """(failed bounds, undecided bounds), as readable phrases. A bound judged on a sample (acc_drop, top1_agree)
+        passes when its whole 95 % interval is within it, fails when the whole interval is beyond it, and is
+        undecided otherwise: the set is too small to tell."""
+        fails: list[str] = []
+        undecided: list[str] = []
         if any(math.isnan(v) for v in (s.max_abs, s.cos_min)):
-            return ["output has NaN/Inf"]
+            return ["output has NaN/Inf"], []
         if self.max_abs is not None and s.max_abs > self.max_abs:
             fails.append(f"max abs diff {s.max_abs:.3g} > {self.max_abs:g}")
         if self.cos_min is not None and s.cos_min < self.cos_min:
             fails.append(f"min cosine {s.cos_min:.5f} < {self.cos_min:g}")
         if self.cos_mean is not None and s.cos_mean < self.cos_mean:
             fails.append(f"mean cosine {s.cos_mean:.5f} < {self.cos_mean:g}")
-        if self.top1_agree is not None and s.top1_agree < self.top1_agree:
-            fails.append(f"top-1 agreement {s.top1_agree:.1%} < {self.top1_agree:.0%}")
+        if self.top1_agree is not None:
+            lo, hi = s.top1_agree_ci or (s.top1_agree, s.top1_agree)
+            if hi < self.top1_agree:
+                fails.append(f"top-1 agreement {s.top1_agree:.1%} < {self.top1_agree:.0%} (95% interval "
+                             f"{lo:.1%}-{hi:.1%})")
+            elif lo < self.top1_agree:
+                undecided.append(_undecided_agreement(s, self.top1_agree))
         if self.acc_drop is not None and s.acc is not None and s.acc_ref is not None:
-            drop = (s.acc_ref - s.acc) * 100
-            if drop > self.acc_drop:
-                fails.append(f"top-1 accuracy dropped {drop:.2f} points > {self.acc_drop:g}")
-        return fails
+            drop = s.acc_drop if s.acc_drop is not None else (s.acc_ref - s.acc) * 100
+            lo, hi = s.acc_drop_ci or (drop, drop)
+            if lo > self.acc_drop:
+                fails.append(f"top-1 accuracy dropped {drop:.2f} points > {self.acc_drop:g} (95% interval "
+                             f"{lo:.2f} to {hi:.2f})")
+            elif hi > self.acc_drop:
+                undecided.append(_undecided_drop(s, drop, lo, hi, self.acc_drop))
+        return fails, undecided
 
     def judge(self, s: ParityStats) -> "ParityVerdict":
-        return ParityVerdict(s, self, self.check(s))
+        fails, undecided = self.assess(s)
+        return ParityVerdict(s, self, fails, undecided)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,25 +118,74 @@ DEFAULT_THRESHOLDS: dict[str, Thresholds] = {
 EXPORT_THRESHOLDS = Thresholds(max_abs=1e-4, cos_min=0.99999)
 
 
+def _undecided_drop(s: ParityStats, drop: float, lo: float, hi: float, bound: float) -> str:
+    from .stats import images_to_resolve
+
+    flips = (s.flips_down or 0) + (s.flips_up or 0)
+    need = images_to_resolve(drop / 100, flips / max(s.n, 1), bound / 100, s.n)
+    more = f"; about {need:,} would resolve {bound:g} points" if need else ""
+    return (f"inconclusive: top-1 accuracy drop {drop:.2f} points, 95% interval {lo:.2f} to {hi:.2f}, is not within "
+            f"{bound:g} on {s.n:,} images ({s.flips_down} flipped down, {s.flips_up} up){more}")
+
+
+def _undecided_agreement(s: ParityStats, bound: float) -> str:
+    from .stats import images_to_resolve
+
+    lo, hi = s.top1_agree_ci or (s.top1_agree, s.top1_agree)
+    dis = 1 - s.top1_agree
+    need = images_to_resolve(dis, dis, 1 - bound, s.n)
+    more = f"; about {need:,} would resolve {bound:.0%}" if need else ""
+    return (f"inconclusive: top-1 agreement {s.top1_agree:.1%}, 95% interval {lo:.1%}-{hi:.1%}, is not above "
+            f"{bound:.0%} on {s.n:,} images{more}")
+
+
 def export_thresholds(atol: float | None = None) -> Thresholds:
     return EXPORT_THRESHOLDS if atol is None else replace(EXPORT_THRESHOLDS, max_abs=atol)
 
 
 @dataclass
 class ParityVerdict:
-    """Whether a candidate's outputs match the reference's closely enough, and if not, which bounds it missed."""
+    """Whether a candidate's outputs match the reference's closely enough: 'pass', 'fail' (a bound missed) or
+    'inconclusive' (no bound missed, but a bound judged on a sample could not be decided on this many images)."""
 
     stats: ParityStats
     thresholds: Thresholds
     failures: list[str] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.inconclusive
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+    @property
+    def status(self) -> str:
+        return "fail" if self.failures else "inconclusive" if self.inconclusive else "pass"
+
+    def problems(self) -> list[str]:
+        """What keeps it from passing, failures first."""
+        return list(self.failures) + list(self.inconclusive)
 
     def to_dict(self) -> dict:
         """The figures with the verdict, as reports write them."""
-        return {**self.stats.to_dict(), "passed": self.passed, "failures": list(self.failures)}
+        return {**self.stats.to_dict(), "passed": self.passed, "status": self.status, "failures": list(self.failures),
+                "inconclusive": list(self.inconclusive)}
+
+
+def describe(s: ParityStats) -> str:
+    """The figures of a check in one line, intervals included."""
+    agree = f"top-1 agree {s.top1_agree:.1%}" + (f" (95% {s.top1_agree_ci[0]:.1%}-{s.top1_agree_ci[1]:.1%})"
+                                                 if s.top1_agree_ci else "")
+    text = (f"max abs {s.max_abs:.3g}, mean abs {s.mean_abs:.3g}, cosine min {s.cos_min:.5f} / mean {s.cos_mean:.5f}, "
+            f"{agree}, top-5 agree {s.top5_agree:.1%}")
+    if s.acc is None or s.acc_ref is None:
+        return text
+    drop = "" if s.acc_drop_ci is None else (f", drop {s.acc_drop:+.2f} points (95% {s.acc_drop_ci[0]:+.2f} to "
+                                             f"{s.acc_drop_ci[1]:+.2f}; {s.flips_down} flipped down, {s.flips_up} up)")
+    return f"{text}, top-1 accuracy {s.acc_ref:.2%} -> {s.acc:.2%}{drop}"
 
 
 def judge(stats: ParityStats, precision: str, overrides: Thresholds | None = None) -> ParityVerdict:

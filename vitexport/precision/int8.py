@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -138,43 +138,13 @@ def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, select
         log.info(f"Reusing calibration cache {cache.name} (same model, data, preprocessing and method).")
         return cached, True
     with log.step(f"Calibrating ({settings.method}) on {data.count} inputs, {len(selection.activations)} tensors"):
-        with _progress(log, data.count) as tick:
+        with log.bar("calibrating", data.count) as tick:
             stats = calibrate(fp32, selection.activations, data.batches(preprocess), input_name, settings.method,
                               settings.percentile, tick=tick)
     if stats.samples != data.count:
         raise VitexportError(f"Calibration read {stats.samples} inputs, expected {data.count}.")
     write_cached_ranges(cache, stats.amax, settings.method, stats.samples)
     return stats.amax, False
-
-
-class _progress:
-    """A progress bar with ETA on stderr over calibration inputs (nothing with --quiet)."""
-
-    def __init__(self, log: Log, total: int) -> None:
-        self.log, self.total, self.bar = log, total, None
-
-    def __enter__(self) -> Callable[[int], None] | None:
-        if self.log.quiet:
-            return None
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("eta"), TimeRemainingColumn(), transient=True, console=Console(stderr=True))
-        self.bar.start()
-        task = self.bar.add_task("calib", total=self.total)
-        return lambda n: self.bar.advance(task, n)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]) -> dict:

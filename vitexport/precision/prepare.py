@@ -13,11 +13,11 @@ from ..artifacts.folder import ModelFolder, artifact_kind, external_data_of
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
 from ..backends.base import infer_in_chunks
 from ..backends.ort_session import create_session
-from ..data.images import Dataset, labels_for_model, load_folder
 from ..errors import ParityError, VitexportError
-from ..parity.compare import ParityVerdict, Thresholds, compare, judge
+from ..parity.compare import ParityVerdict, Thresholds, describe, judge
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_file
 from ..progress import QUIET, Log
+from ..validate.evaluate import ValidationSet, evaluate, open_validation
 from .convert import convert_fp16, graph_precision
 from .int8 import INT8_KINDS, calibration_key, calibration_set, ranges, selection_for, write_int8
 from .qdq import CPU_WEIGHT_MAX
@@ -35,19 +35,19 @@ class PrecisionResult:
     calib_key: str | None  # INT8: the calibration's content address
 
 
-def check_against_fp32(fp32: Path, candidate: Path, data: Dataset, precision: str, manifest: Manifest,
+def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precision: str, manifest: Manifest,
                        thresholds: Thresholds | None = None, log: Log = QUIET) -> ParityVerdict:
+    """The candidate ONNX against the FP32 one on ONNX Runtime's CPU provider, both run on each batch of the
+    held-out set in turn: nothing is kept per image but the figures."""
     name, out = manifest.input_name, manifest.output_name
-    outs = []
-    for p in (fp32, candidate):
-        sess = create_session(p)
-        outs.append(infer_in_chunks(lambda x: sess.run([out], {name: x})[0], data.x))
-    verdict = judge(compare(outs[0], outs[1], data.labels), precision, thresholds)
-    s = verdict.stats
-    acc = "" if s.acc is None else f", top-1 accuracy FP32 {s.acc_ref:.2%} vs {precision.upper()} {s.acc:.2%}"
-    log.info(f"{precision.upper()} vs FP32 on {s.n} held-out inputs: max abs {s.max_abs:.3g}, mean abs "
-             f"{s.mean_abs:.3g}, cosine min {s.cos_min:.5f} / mean {s.cos_mean:.5f}, top-1 agree "
-             f"{s.top1_agree:.1%}, top-5 agree {s.top5_agree:.1%}{acc}")
+    ref_sess, cand_sess = create_session(fp32), create_session(candidate)
+    ev = evaluate(lambda x: infer_in_chunks(lambda b: cand_sess.run([out], {name: b})[0], x), held.inputs,
+                  held.labels, reference=lambda x: infer_in_chunks(lambda b: ref_sess.run([out], {name: b})[0], x),
+                  label=f"checking {precision}", log=log)
+    verdict = judge(ev.stats, precision, thresholds)
+    log.info(f"{precision.upper()} vs FP32 on {len(held):,} held-out inputs: {describe(verdict.stats)}")
+    for line in verdict.inconclusive:
+        log.warn(f"{precision.upper()} check {line}.")
     return verdict
 
 
@@ -68,19 +68,15 @@ def _fp32_source(folder: ModelFolder, precision: str) -> tuple[Path, str, Manife
     return fp32, fp32_sha, manifest
 
 
-def _heldout(opts: CalibOptions, manifest: Manifest, precision: str, log: Log) -> Dataset | None:
-    """The held-out data of the check, loaded first: a bad folder should fail before minutes of calibration."""
+def _heldout(opts: CalibOptions, manifest: Manifest, precision: str, log: Log) -> ValidationSet | None:
+    """The held-out data of the check, decoded first: a bad folder should fail before minutes of calibration."""
     if not opts.check:
         return None
     held_dir = Path(opts.check_data) if opts.check_data else default_heldout_dir(manifest.variant)
     calib_dir = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
     if precision in INT8_KINDS and held_dir.resolve() == calib_dir.resolve():
         raise VitexportError("The check data is the calibration data; pass held-out images with --check-data.")
-    held = load_folder(held_dir, manifest.preprocess)
-    held.labels, why = labels_for_model(held, manifest.num_classes)
-    if why:
-        log.warn(f"Class folders of {held_dir} not used as labels: {why}.")
-    return held
+    return open_validation(held_dir, manifest.preprocess, manifest.num_classes, log=log)
 
 
 def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptions | None = None,
@@ -92,6 +88,16 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
     out_path = folder.onnx(precision)
     record = PrecisionRecord(file=out_path.name, source_sha256=fp32_sha)
     held = _heldout(opts, manifest, precision, log)
+    try:
+        return _make(folder, precision, fp32, fp32_sha, manifest, record, held, opts, log)
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manifest: Manifest, record: PrecisionRecord,
+          held: ValidationSet | None, opts: CalibOptions, log: Log) -> PrecisionResult:
+    out_path = folder.onnx(precision)
     key, reused, verdict = None, None, None
     with atomic_path(out_path, suffix=".onnx") as tmp:
         if precision == "fp16":
@@ -101,12 +107,11 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
         else:
             key, reused = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, log)
         if held is not None:
-            with log.step(f"Checking {precision.upper()} against FP32 on {len(held)} held-out inputs ({held.source})"):
+            with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs ({held.source})"):
                 verdict = check_against_fp32(fp32, tmp, held, artifact_kind(precision).precision, manifest,
                                              opts.thresholds, log)
-            record.check = HeldOutCheck(held.source, verdict.passed, verdict.failures, verdict.thresholds.to_dict(),
-                                        verdict.stats)
-            if not verdict.passed:
+            record.check = HeldOutCheck.from_verdict(held.source, verdict)
+            if verdict.failed:
                 rejected = folder.rejected(precision)
                 os.replace(tmp, rejected)
                 raise ParityError(f"{precision.upper()} model failed the parity check ({'; '.join(verdict.failures)}); "

@@ -1,0 +1,233 @@
+"""A validation set streamed in bounded memory: list the images (labels from class folders), take an even subset
+when asked, decode each image once per run with a pool of worker threads into an on-disk cache, then read it
+back batch by batch for every backend.
+
+Why a cache of 8-bit crops on disk: every backend must see the same inputs, and decoding a JPEG costs more than
+a small model's inference, so decoding once per run and reading back is cheaper than decoding per backend; a
+resized, center-cropped 8-bit image is exactly what the float input is made from (scale and normalise are applied
+per batch), a quarter of its float32 size (150 KB at 224 x 224). It is read with plain reads into one reusable
+buffer, not a memory map: a mapped file's pages count in the process's resident memory, a read's page cache does
+not. Threads, not processes: Pillow releases the GIL while it decodes and resizes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..errors import VitexportError
+from .images import IMAGE_SUFFIXES, class_folders, decode_crop, list_images, normalise, select
+from .preprocess import Preprocess
+
+Progress = Callable[[int], None]  # called with the number of images just done
+
+
+@dataclass
+class ImageSet:
+    """The images of a run, in order, with their class folder's index when the folder is an ImageFolder."""
+
+    source: str
+    files: list[Path]
+    labels: np.ndarray | None  # (N,) index into `classes`
+    classes: list[str] | None
+    total: int  # images in the folder before --max-images
+    npy: list[Path] = field(default_factory=list)  # .npy batches of preprocessed inputs instead of images
+
+    def __len__(self) -> int:
+        return len(self.files) if not self.npy else self.total
+
+
+def open_images(root: Path | str, max_images: int | None = None) -> ImageSet:
+    """The images below `root` (an ImageFolder gives labels), or `max_images` of them spread evenly over it."""
+    root = Path(root)
+    if not root.exists():
+        raise VitexportError(f"Data folder {root} does not exist.")
+    if root.is_file() and root.suffix == ".npy":
+        return _npy_set([root], str(root), max_images)
+    if not root.is_dir():
+        raise VitexportError(f"{root} is neither a folder of images nor a .npy file.")
+    files = list_images(root)
+    if not files:
+        npys = sorted(root.rglob("*.npy"))
+        if npys:
+            return _npy_set(npys, str(root), max_images)
+        raise VitexportError(f"Data folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
+    subdirs = class_folders(root)
+    labelled = bool(subdirs) and all(f.parent.parent == root for f in files)
+    total, files = len(files), select(files, max_images)
+    if not labelled:
+        return ImageSet(str(root), files, None, None, total)
+    index = {c: i for i, c in enumerate(subdirs)}
+    return ImageSet(str(root), files, np.array([index[f.parent.name] for f in files], np.int64), subdirs, total)
+
+
+def _npy_set(paths: list[Path], source: str, max_images: int | None) -> ImageSet:
+    from .images import _load_npy_header
+
+    total = sum(_load_npy_header(p)[0] for p in paths)
+    if max_images is not None and max_images < total:
+        raise VitexportError("--max-images takes images, not .npy batches; cut the arrays instead.")
+    return ImageSet(source, [], None, None, total, npy=list(paths))
+
+
+# -- decoding, once --------------------------------------------------------------------------------------------
+
+def default_workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def decoded_crops(files: list[Path], pp: Preprocess, workers: int, chunk: int = 32,
+                  prefetch: int = 4) -> Iterator[np.ndarray]:
+    """(B, H, W, 3) uint8 crops of `files` in order, decoded by `workers` threads at most `prefetch` chunks ahead."""
+    def one_chunk(part: list[Path]) -> np.ndarray:
+        return np.stack([decode_crop(f, pp) for f in part])
+
+    parts = [files[i:i + chunk] for i in range(0, len(files), chunk)]
+    if workers <= 1:
+        yield from (one_chunk(p) for p in parts)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
+        pending = [pool.submit(one_chunk, p) for p in parts[:prefetch * workers]]
+        nxt = len(pending)
+        while pending:
+            done = pending.pop(0).result()
+            if nxt < len(parts):
+                pending.append(pool.submit(one_chunk, parts[nxt]))
+                nxt += 1
+            yield done
+
+
+@dataclass
+class DecodeStats:
+    images: int
+    seconds: float
+    workers: int
+
+    def to_dict(self) -> dict:
+        return {"images": self.images, "seconds": round(self.seconds, 3), "workers": self.workers,
+                "images_per_s": round(self.images / self.seconds, 1) if self.seconds > 0 else None}
+
+
+class InputCache:
+    """The preprocessed inputs of one run in a temporary folder: uint8 crops, or float32 arrays from .npy files.
+    `batches(b)` yields (start, (B, 3, H, W) float32) in order; close() (or `with`) removes the folder."""
+
+    def __init__(self, images: ImageSet, pp: Preprocess, workers: int | None = None, where: Path | None = None,
+                 progress: Progress | None = None) -> None:
+        self.pp, self.n = pp, len(images)
+        h, w = pp.input_size
+        self.item_shape, self.dtype = ((h, w, 3), np.uint8) if not images.npy else ((3, h, w), np.float32)
+        self.item_bytes = int(np.prod(self.item_shape)) * np.dtype(self.dtype).itemsize
+        where = Path(where or tempfile.gettempdir())
+        _check_room(where, self.n * self.item_bytes)
+        self.dir = Path(tempfile.mkdtemp(prefix=".vitexport-inputs-", dir=where))
+        self.path = self.dir / "inputs.bin"
+        try:
+            self.decode = self._fill(images, workers or default_workers(), progress)
+        except BaseException:
+            self.close()
+            raise
+
+    def _fill(self, images: ImageSet, workers: int, progress: Progress | None) -> DecodeStats:
+        t0 = time.perf_counter()
+        with open(self.path, "wb") as f:
+            if images.npy:
+                for a in _npy_arrays(images.npy, self.item_shape):
+                    f.write(np.ascontiguousarray(a, np.float32).tobytes())
+                    if progress:
+                        progress(len(a))
+                return DecodeStats(self.n, time.perf_counter() - t0, 0)
+            for crops in decoded_crops(images.files, self.pp, workers):
+                f.write(crops.tobytes())
+                if progress:
+                    progress(len(crops))
+        return DecodeStats(self.n, time.perf_counter() - t0, workers)
+
+    def _normalise(self, raw: np.ndarray) -> np.ndarray:
+        return raw.copy() if self.dtype == np.float32 else normalise(raw, self.pp)
+
+    def batches(self, batch: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        stop = self.n if stop is None else min(stop, self.n)
+        buf = np.empty((batch, *self.item_shape), self.dtype)
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(start * self.item_bytes)
+            for i in range(start, stop, batch):
+                b = min(batch, stop - i)
+                view = buf[:b]
+                f.readinto(memoryview(view.reshape(-1).view(np.uint8)))
+                yield i, self._normalise(view)
+
+    def sample(self, batch: int) -> np.ndarray:
+        """A (batch, 3, H, W) input of real images for timing: the first ones, repeated when there are fewer."""
+        first = next(self.batches(min(batch, self.n)))[1]
+        reps = -(-batch // len(first))
+        return np.ascontiguousarray(np.concatenate([first] * reps)[:batch])
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "InputCache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_room(where: Path, need: int) -> None:
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return
+    if need > free - (256 << 20):
+        raise VitexportError(f"The decoded inputs need {need / 1e9:.1f} GB in {where}, which has {free / 1e9:.1f} GB "
+                             f"free; use --max-images, or point TMPDIR at a larger disk.")
+
+
+def _npy_arrays(paths: list[Path], item_shape: tuple[int, ...]) -> Iterator[np.ndarray]:
+    from .images import check_npy
+
+    for p in paths:
+        a = check_npy(p, item_shape)
+        for i in range(0, len(a), 256):
+            part = np.asarray(a[i:i + 256], np.float32)
+            if not np.isfinite(part).all():
+                raise VitexportError(f"{p} holds NaN or infinite values; give finite, preprocessed inputs.")
+            yield part
+        del a  # the map goes, and with it the pages it held
+
+
+class OutputStore:
+    """One backend's (N, C) float32 outputs on disk, written in order and read back batch by batch (the reference
+    of a bench: every later backend is compared with it without holding it in memory)."""
+
+    def __init__(self, where: Path) -> None:
+        self.path = Path(tempfile.mkstemp(prefix="outputs-", suffix=".bin", dir=where)[1])
+        self.width: int | None = None
+        self.rows = 0
+        self._f = open(self.path, "wb")
+
+    def append(self, out: np.ndarray) -> None:
+        out = np.ascontiguousarray(out, np.float32).reshape(len(out), -1)
+        if self.width is None:
+            self.width = out.shape[1]
+        self._f.write(out.tobytes())
+        self.rows += len(out)
+
+    def finish(self) -> None:
+        self._f.close()
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        assert self.width is not None
+        out = np.empty((count, self.width), np.float32)
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(start * self.width * 4)
+            f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+        return out

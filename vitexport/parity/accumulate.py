@@ -1,0 +1,99 @@
+"""Parity figures gathered batch by batch: a backend's outputs are compared with the reference's as they come and
+dropped; per image only what the statistics need is kept (a cosine, a max abs difference, top-1 indices and
+whether each top-1/top-5 was right), so memory does not grow with the logits of a whole validation set."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compare import ParityStats
+from .stats import clopper_pearson, paired_drop
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    cos = (a * b).sum(axis=1) / np.maximum(na * nb, 1e-30)
+    cos[(na == 0) & (nb == 0)] = 1.0  # two all-zero vectors are identical
+    return cos
+
+
+def _in_top5(logits: np.ndarray, target: np.ndarray) -> np.ndarray:
+    k = min(5, logits.shape[1])
+    top = np.argpartition(-logits, k - 1, axis=1)[:, :k] if logits.shape[1] > k else np.argsort(-logits, axis=1)
+    return (top == target[:, None]).any(1)
+
+
+class ParityAccumulator:
+    """The reference's and one candidate's outputs for images [start, start + B), in any order; `stats()` at the end.
+
+    labels: (N,) class indices of all N images, or None for unlabelled data.
+    """
+
+    def __init__(self, n: int, labels: np.ndarray | None = None) -> None:
+        self.n, self.labels = int(n), None if labels is None else np.asarray(labels, dtype=np.int64)
+        self.seen = np.zeros(self.n, bool)
+        self.cos = np.zeros(self.n, np.float64)
+        self.max_abs = np.zeros(self.n, np.float64)
+        self.abs_sum, self.values, self.finite = 0.0, 0, True
+        self.ref_top1 = np.zeros(self.n, np.int64)
+        self.out_top1 = np.zeros(self.n, np.int64)
+        self.ref_in_top5 = np.zeros(self.n, bool)  # the reference's top-1 is in the candidate's top-5
+        self.right = {k: np.zeros(self.n, bool) for k in ("ref1", "out1", "ref5", "out5")}
+
+    def update(self, start: int, ref: np.ndarray, out: np.ndarray) -> None:
+        ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
+        out = np.asarray(out, dtype=np.float64).reshape(len(out), -1)
+        if ref.shape != out.shape:
+            raise ValueError(f"shape mismatch: {ref.shape} vs {out.shape}")
+        s = slice(start, start + len(ref))
+        self.seen[s] = True
+        if not np.all(np.isfinite(out)):
+            self.finite = False
+            out = np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)
+        diff = np.abs(ref - out)
+        self.cos[s], self.max_abs[s] = _cosine(ref, out), diff.max(axis=1)
+        self.abs_sum, self.values = self.abs_sum + float(diff.sum()), self.values + diff.size
+        self.ref_top1[s], self.out_top1[s] = ref.argmax(1), out.argmax(1)
+        self.ref_in_top5[s] = _in_top5(out, self.ref_top1[s])
+        if self.labels is not None:
+            y = self.labels[s]
+            self.right["ref1"][s], self.right["out1"][s] = self.ref_top1[s] == y, self.out_top1[s] == y
+            self.right["ref5"][s], self.right["out5"][s] = _in_top5(ref, y), _in_top5(out, y)
+
+    def stats(self) -> ParityStats:
+        if not self.seen.all():
+            raise ValueError(f"{int((~self.seen).sum())} of {self.n} images were never compared")
+        n, nan = self.n, float("nan")
+        agree = int((self.out_top1 == self.ref_top1).sum())
+        st = ParityStats(
+            n=n, max_abs=float(self.max_abs.max()) if self.finite else nan,
+            mean_abs=self.abs_sum / max(self.values, 1) if self.finite else nan,
+            cos_min=float(self.cos.min()) if self.finite else nan, cos_mean=float(self.cos.mean()) if self.finite else nan,
+            top1_agree=agree / n if self.finite else 0.0, top5_agree=float(self.ref_in_top5.mean()) if self.finite else 0.0,
+            top1_agree_ci=list(clopper_pearson(agree, n)), disagree=n - agree)
+        if self.labels is None:
+            return st
+        r = {k: int(v.sum()) for k, v in self.right.items()}
+        down = int((self.right["ref1"] & ~self.right["out1"]).sum())
+        up = int((~self.right["ref1"] & self.right["out1"]).sum())
+        drop, lo, hi = paired_drop(down, up, n)
+        st.acc_ref, st.acc = r["ref1"] / n, r["out1"] / n
+        st.acc_ref_ci, st.acc_ci = list(clopper_pearson(r["ref1"], n)), list(clopper_pearson(r["out1"], n))
+        st.top5_acc_ref, st.top5_acc = r["ref5"] / n, r["out5"] / n
+        st.top5_acc_ci = list(clopper_pearson(r["out5"], n))
+        st.flips_down, st.flips_up = down, up
+        st.acc_drop, st.acc_drop_ci = drop * 100, [lo * 100, hi * 100]
+        if not self.finite:
+            st.acc, st.acc_drop = 0.0, st.acc_ref * 100
+        return st
+
+    def per_class(self) -> list[dict]:
+        """Top-1 accuracy of the reference and the candidate per labelled class: [{class, n, acc_ref, acc}]."""
+        if self.labels is None:
+            return []
+        out = []
+        for c in np.unique(self.labels):
+            m = self.labels == c
+            out.append({"class": int(c), "n": int(m.sum()), "acc_ref": float(self.right["ref1"][m].mean()),
+                        "acc": float(self.right["out1"][m].mean())})
+        return out

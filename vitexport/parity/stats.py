@@ -1,0 +1,91 @@
+"""Intervals for accuracy claims: exact binomial (Clopper-Pearson) intervals for a rate, and the paired top-1
+drop between two backends run on the same images.
+
+The paired drop is judged on the images whose top-1 correctness differs between the two ("flips"): of N images,
+`down` were right for the reference and wrong for the candidate, `up` the other way round, and the drop is
+(down - up) / N. It is the discordance rate d = (down + up) / N times (2p - 1), p = down / (down + up) the share of
+the flips that went down (exact McNemar's p). Its 95 % interval takes p's and d's exact intervals at 97.5 % each
+(their product holds with at least 95 %, by Bonferroni), so it stays honest where conditional intervals are not:
+no flips among 30 images is not proof of no drop (d's upper end is then about 12 %, so the drop is within about
++-12 points).
+
+Pure numpy and math: no scipy (the tests check these against scipy's own binomial test).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+Z95 = 1.959963984540054  # two-sided 95 % normal quantile
+
+
+def _log_pmf(n: int, p: float) -> np.ndarray:
+    """log P(X = k) for k = 0..n, X ~ Binomial(n, p), 0 < p < 1."""
+    k = np.arange(n + 1, dtype=np.float64)
+    log_choose = np.concatenate([[0.0], np.cumsum(np.log(np.arange(n, 0, -1.0)) - np.log(np.arange(1.0, n + 1)))])
+    return log_choose + k * math.log(p) + (n - k) * math.log1p(-p)
+
+
+def _tail_ge(k: int, n: int, p: float) -> float:
+    """P(X >= k)."""
+    if k <= 0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    lp = _log_pmf(n, p)[k:]
+    m = lp.max()
+    return float(min(1.0, math.exp(m) * np.exp(lp - m).sum()))
+
+
+def _bisect(f, lo: float = 0.0, hi: float = 1.0, iters: int = 60) -> float:
+    """The root of an increasing f on [lo, hi]."""
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if f(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact two-sided interval for a binomial rate: k successes of n trials. n = 0 gives (0, 1)."""
+    if n <= 0:
+        return 0.0, 1.0
+    if not 0 <= k <= n:
+        raise ValueError(f"{k} successes of {n} trials")
+    a = (1 - confidence) / 2
+    lo = 0.0 if k == 0 else _bisect(lambda p: _tail_ge(k, n, p) - a)
+    hi = 1.0 if k == n else _bisect(lambda p: a - (1.0 - _tail_ge(k + 1, n, p)))
+    return lo, hi
+
+
+def paired_drop(down: int, up: int, n: int, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(drop, low, high) of the top-1 accuracy drop, as fractions, from the flips of n paired images."""
+    if n <= 0:
+        return 0.0, -1.0, 1.0
+    flips = down + up
+    each = 1 - (1 - confidence) / 2  # two intervals at 97.5 % hold together with at least 95 %
+    d_lo, d_hi = clopper_pearson(flips, n, each)
+    p_lo, p_hi = clopper_pearson(down, flips, each) if flips else (0.0, 1.0)
+    e_lo, e_hi = 2 * p_lo - 1, 2 * p_hi - 1  # drop = d * e, d in [d_lo, d_hi], e in [e_lo, e_hi]
+    high = d_hi * e_hi if e_hi >= 0 else d_lo * e_hi
+    low = d_hi * e_lo if e_lo < 0 else d_lo * e_lo
+    return (down - up) / n, low, high
+
+
+def images_to_resolve(drop: float, flip_rate: float, bound: float, n: int) -> int | None:
+    """About how many images a paired drop interval needs to fall on one side of `bound` (fractions), were the
+    drop and the flip rate what they are now; None when they sit on the bound (no number of images decides)."""
+    margin = abs(bound - drop)
+    if margin < 1e-12:
+        return None
+    rate = max(flip_rate, 1.0 / max(n, 1))  # no flip seen yet: at least one in n
+    variance = max(rate - drop * drop, rate / 2)
+    need = Z95 * Z95 * variance / (margin * margin)
+    zero_flips = -math.log(0.0125) / max(bound, 1e-12) if drop <= 0 <= bound else 0  # d's upper end below bound
+    return int(math.ceil(max(need, zero_flips, n + 1)))
