@@ -264,3 +264,20 @@ def test_an_interrupted_conversion_leaves_nothing_half_written(with_ir, tmp_path
     assert {p.name: sha256_file(p) for p in folder.iterdir() if p.is_file()} == before
     # the temporary was named like every other one, so a run killed harder than this is recognised as debris
     assert seen and seen[0].startswith(staging_prefix("model.openvino.fp32.xml")), seen
+
+
+def test_checking_an_ir_after_the_export_was_replaced_names_the_export(with_ir, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(with_ir.path, folder)
+    with open(folder / "model.onnx", "ab") as f:
+        f.write(b"\0")  # model.onnx is no longer the export the manifest records
+    r = CliRunner().invoke(cli, ["openvino", str(folder / "model.openvino.fp32.xml"), "-q"])
+    fails_cleanly(r, "model.onnx does not match manifest.json")
+    assert "make it again with `vitexport openvino" not in r.output  # that command would fail the same way
+
+
+def test_the_ir_is_readable_by_others_like_every_artifact(with_ir):
+    import stat
+
+    for f in (with_ir.onnx("openvino-fp32"), with_ir.ir_weights("openvino-fp32"), with_ir.onnx("fp32")):
+        assert stat.S_IMODE(f.stat().st_mode) & stat.S_IROTH, f

@@ -273,3 +273,26 @@ def test_large_calibration_folder_reads_only_what_it_uses(digits, tmp_path, monk
     shutil.copytree(digits, folder, ignore=shutil.ignore_patterns("model.int8*.onnx", "calib-cache"))
     r = run_quantize(folder, "int8", CalibOptions(data=big, samples=24, check=False))
     assert r.onnx_path.is_file() and len(opened) == 24 and data.list_images(big)
+
+
+def test_an_int8_file_with_8_bit_weights_is_stale_everywhere_and_remade(digits, tmp_path):
+    from vitexport.artifacts.verify import STALE, check_onnx
+    from vitexport.ensure import ensure_artifact
+
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder, ignore=shutil.ignore_patterns(LOCK_NAME))
+    mf = ModelFolder(folder)
+    ensure_artifact(mf, "int8", calib=CalibOptions(samples=24, check=False))
+    assert check_onnx(mf, "int8").ok
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["precisions"]["int8"]["qdq"].pop("weight_max") == 63
+    (folder / "manifest.json").write_text(json.dumps(manifest))  # a file made before the 7-bit weights
+    check = check_onnx(mf, "int8")
+    assert check.status == STALE and "8-bit weights" in check.reason
+    info = CliRunner().invoke(cli, ["info", str(folder)])
+    assert "8-bit weights" in info.output, info.output
+    again = ensure_artifact(mf, "int8", calib=CalibOptions(samples=24, check=False))
+    assert again.made and check_onnx(mf, "int8").ok
+    weights = [numpy_helper.to_array(i) for i in onnx.load(str(folder / "model.int8.onnx")).graph.initializer
+               if i.data_type == onnx.TensorProto.INT8 and len(i.dims) > 1]
+    assert max(int(np.abs(w).max()) for w in weights) == 63

@@ -167,3 +167,13 @@ def test_bad_triton_input(digits, tmp_path, args, needle):
     r = CliRunner().invoke(cli, ["triton", "-q", str(digits.path), "-o", str(tmp_path / "repo"), *args])
     fails_cleanly(r, needle)
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
+def test_a_plan_that_is_not_its_sidecars_is_not_copied_into_the_repository(digits, tmp_path):
+    plan = _fake_plan(digits, "fp32", 1, 24)
+    digits.plan("fp32").write_bytes(plan + b"tampered")  # the sidecar's plan_sha256 no longer matches
+    repo = tmp_path / "repo"
+    r = CliRunner().invoke(cli, ["triton", str(digits.path), "-o", str(repo), "--format", "plan", "--name", "p"])
+    # it is rebuilt instead, which needs TensorRT here: refused in one sentence, nothing written
+    assert r.exit_code in (4, 5) and "Rebuilding model.fp32.plan" in r.output, r.output
+    assert not (repo / "p").exists()

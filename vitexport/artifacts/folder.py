@@ -69,6 +69,10 @@ PLAN_SOURCE: dict[str, str] = {"fp32": "fp32", "fp16": "fp16", "int8": "int8-trt
 PLAN_PRECISIONS = tuple(PLAN_SOURCE)
 
 
+CPU_INT8_WEIGHT_MAX = 63  # model.int8.onnx's weights lie in [-63, 63] (precision/qdq.py says why); a file
+# without that record (made before) is stale everywhere: verify.check_onnx says so, the precision step remakes it
+
+
 def artifact_kind(name: str) -> ArtifactKind:
     try:
         return ARTIFACTS[name]

@@ -18,7 +18,15 @@ from pathlib import Path
 
 from ..errors import VitexportError
 from ..paths import sha256_file
-from .folder import ARTIFACTS, MANIFEST_NAME, PLAN_PRECISIONS, ModelFolder, artifact_kind, onnx_digest
+from .folder import (
+    ARTIFACTS,
+    CPU_INT8_WEIGHT_MAX,
+    MANIFEST_NAME,
+    PLAN_PRECISIONS,
+    ModelFolder,
+    artifact_kind,
+    onnx_digest,
+)
 from .manifest import IrRecord, Manifest
 
 OK, MISSING, BROKEN, STALE, UNRECORDED = "ok", "missing", "broken", "stale", "unrecorded"
@@ -89,6 +97,9 @@ def check_onnx(folder: ModelFolder, kind: str, manifest: Manifest | None = None)
         return FileCheck(kind, path, STALE, f"was made from an earlier {manifest.onnx}", sha, remedy)
     if rec.openvino is not None:  # an OpenVINO IR: its .bin, and the ONNX it was converted from
         return _check_ir(folder, kind, rec.openvino, sha, remedy)
+    if kind == "int8" and (rec.qdq or {}).get("weight_max") != CPU_INT8_WEIGHT_MAX:
+        return FileCheck(kind, path, STALE, "has 8-bit weights (made by an earlier vitexport), which saturate on "
+                                            "CPUs without VNNI", sha, remedy)
     return FileCheck(kind, path, OK, sha256=sha)
 
 

@@ -125,7 +125,7 @@ def open_runner(folder: ModelFolder, backend: str, precision: str, log: Log = QU
         try:
             runner.load()
         except BackendUnavailable as e:
-            reasons.append(f"{runner.name}: {e}")
+            reasons.append(f"{runner.name}: {str(e).rstrip('.')}")
             continue
         log.info(f"Running on {runner.name}.")
         return runner

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..artifacts.folder import TRITON_LABELS, ModelFolder, TritonModelFolder, external_data_of, onnx_digest
+from ..artifacts.folder import TRITON_LABELS, ModelFolder, TritonModelFolder, external_data_of
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..model.labels import class_names
@@ -157,20 +157,22 @@ def _onnx_source(folder: ModelFolder, opts: TritonOptions, log: Log) -> tuple[Pa
 def _plan_source(folder: ModelFolder, opts: TritonOptions, log: Log) -> tuple[Path, Path, int | None]:
     """The plan (built when missing or made from an earlier ONNX), its source ONNX and its profile's max batch."""
     from ..artifacts.sidecar import read_sidecar
+    from ..artifacts.verify import check_plan
     from ..ensure import build_plan
     from ..tensorrt_engine.options import BuildOptions
 
     plan, sidecar_path = folder.plan(opts.precision), folder.sidecar(opts.precision)
     sidecar = read_sidecar(sidecar_path) if plan.is_file() and sidecar_path.is_file() else None
-    source = folder.path / str(sidecar.get("source_onnx") or "") if sidecar else None
-    stale = sidecar is not None and (source is None or not source.is_file()
-                                     or sidecar.get("source_onnx_sha256") != onnx_digest(source))
+    # built from an earlier ONNX, or not the plan its sidecar describes: rebuilt, never copied into the repository
+    stale = sidecar is not None and not check_plan(folder, opts.precision).ok
     if sidecar is None or stale:
         log.info(f"{'Rebuilding' if stale else 'Building'} {plan.name} for the repository.")
         biggest = opts.max_batch or DEFAULT_MAX_BATCH
         result = build_plan(folder, BuildOptions(precision=opts.precision, min_batch=1,
                                                  opt_batch=min(8, biggest), max_batch=biggest), log=log)
         sidecar, source = result.sidecar, result.onnx_path
+    else:
+        source = folder.path / str(sidecar["source_onnx"])  # check_plan verified it is there and current
     mn, mx = sidecar["profile"]["min"][0], sidecar["profile"]["max"][0]
     if mn > 1:
         raise VitexportError(f"{plan.name} takes batches of {mn} to {mx}, but Triton sends batches from 1; rebuild "

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..artifacts.folder import IR_SOURCE, ModelFolder, artifact_kind, ir_weights_of, onnx_digest
 from ..artifacts.manifest import HeldOutCheck, IrRecord, Manifest, PrecisionRecord
-from ..artifacts.verify import check_onnx
+from ..artifacts.verify import check_onnx, require
 from ..backends.base import infer_in_chunks
 from ..backends.openvino_backend import INSTALL_COMMAND, OpenVinoRunner, first_line, import_openvino
 from ..backends.ort_session import create_session
@@ -160,6 +160,9 @@ def _convert(folder: ModelFolder, kind: str, calib: CalibOptions, manifest: Mani
     fd, tmp_name = tempfile.mkstemp(prefix=staging_prefix(xml.name), suffix=".xml", dir=folder.path)
     os.close(fd)
     tmp_xml = Path(tmp_name)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_xml, 0o666 & ~umask)  # mkstemp makes 0600 files; the IR gets the usual mode (a server reads it)
     try:
         fp16 = precision == "fp16"
         with log.step(f"Converting {source.name} to OpenVINO IR{' with FP16 weights' if fp16 else ''}"):
@@ -228,6 +231,7 @@ def verify_ir(xml: Path, precision: str | None = None, calib: CalibOptions | Non
     if precision is not None and ir_kind(precision) != kind:
         raise VitexportError(f"{xml.name} is the {artifact_kind(kind).precision} IR, not {precision}.")
     manifest = folder.read_manifest()
+    require(folder, "fp32", manifest)  # a replaced export first: remaking the IR cannot help until it is fixed
     problem = ir_problem(folder, kind, manifest)
     if problem is not None:
         raise VitexportError(f"{problem}; make it again with `{_command(kind, folder)}`.")

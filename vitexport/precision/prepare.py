@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..artifacts.folder import ModelFolder, artifact_kind, external_data_of
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
+from ..artifacts.verify import check_onnx
 from ..backends.base import infer_in_chunks
 from ..backends.ort_session import create_session
 from ..errors import ParityError, VitexportError
@@ -20,7 +21,6 @@ from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, evaluate, open_validation
 from .convert import convert_fp16, graph_precision
 from .int8 import INT8_KINDS, calibration_key, calibration_set, ranges, selection_for, write_int8
-from .qdq import CPU_WEIGHT_MAX
 from .settings import CalibOptions
 
 CONVERTERS = ("fp16", *INT8_KINDS)  # the ARTIFACTS kinds this step makes
@@ -157,8 +157,9 @@ def stale_reason(folder: ModelFolder, kind: str, calib: CalibOptions | None) -> 
         return f"{out.name} is missing or was made from another model: making it now."
     if calib is not None and not _made_with(rec, kind, calib, manifest):
         return f"{out.name} was made with other options: making it again."
-    if kind == "int8" and (rec.qdq or {}).get("weight_max") != CPU_WEIGHT_MAX:
-        return f"{out.name} has 8-bit weights, which saturate on CPUs without VNNI: making it again with 7-bit ones."
+    check = check_onnx(folder, kind, manifest)  # the rules every command applies (an 8-bit CPU INT8 graph: stale)
+    if not check.ok:
+        return f"{out.name} {check.reason}: making it again."
     return None
 
 

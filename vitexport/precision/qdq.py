@@ -22,13 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..artifacts.folder import CPU_INT8_WEIGHT_MAX
 from ..errors import VitexportError
 from .convert import save_checked, to_fp16, topological_sort
 
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
 INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q (TensorRT's convention)
-CPU_WEIGHT_MAX = 63  # the CPU graph's weights: 7 bits, so VPMADDUBSW's pair sums cannot saturate (docstring)
+CPU_WEIGHT_MAX = CPU_INT8_WEIGHT_MAX  # the CPU graph's weights: 7 bits, so VPMADDUBSW's pair sums cannot saturate
 MIN_SCALE = 2.0 ** -14  # smallest normal FP16: a zero range still gets a representable scale
 
 
