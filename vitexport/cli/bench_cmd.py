@@ -71,7 +71,7 @@ BENCH = OptionGroup(
         opt("--max-images", type=click.IntRange(min=1), default=None,
             help="Use this many images, spread evenly over --data (the same ones for every backend)."),
         opt("--workers", type=click.IntRange(min=1), default=None,
-            help="Threads decoding images (each image is decoded once per run). Default: one per core, at most 8."),
+            help="Threads decoding images (each image is decoded once per run). Default: one per core and one more, at most 8."),
         opt("--batch", "batches", type=click.IntRange(min=1), multiple=True,
             help="Batch sizes (repeatable). Default: 1, 8 (GPU: 1, 8, 32)."),
         opt("--iterations", type=click.IntRange(min=1), default=10, show_default=True,
