@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from vitexport.data.images import list_images  # noqa: E402
 from vitexport.data.stream import decoded_crops, default_workers  # noqa: E402
+from vitexport.environment import cpu_model  # noqa: E402
 from vitexport.model.variants import get_variant  # noqa: E402
 
 
@@ -32,16 +32,6 @@ def rate(files, pp, workers: int) -> float:
     t0 = time.perf_counter()
     n = sum(len(c) for c in decoded_crops(files, pp, workers))
     return n / (time.perf_counter() - t0)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     files, pp = list_images(args.folder), get_variant(args.variant).preprocess()
     if not files:
         ap.error(f"{args.folder} holds no images")
-    print(f"{len(files)} images from {args.folder}, {args.variant} preprocessing {pp.input_size}; CPU: {cpu_name()}, "
+    print(f"{len(files)} images from {args.folder}, {args.variant} preprocessing {pp.input_size}; CPU: {cpu_model()}, "
           f"{len(os.sched_getaffinity(0))} cores")
     rate(files[:64], pp, args.workers)  # warm-up: page cache, imports
     ratios = []

@@ -148,23 +148,39 @@ def select(files: list, n: int | None) -> list:
     return [files[i] for i in sorted(set(idx.tolist()))]
 
 
-def load_folder(root: Path, pp: Preprocess, limit: int | None = None, progress=None) -> Dataset:
-    """Images (recursively) or .npy batches from a folder; labels from class subfolders (ImageFolder layout)."""
+def find_inputs(root: Path) -> tuple[list[Path], list[Path]]:
+    """(images, .npy files) of a data folder (or one .npy file): its images when it has any, else its .npy
+    batches; one sentence when it has neither."""
     root = Path(root)
     if not root.exists():
         raise VitexportError(f"Data folder {root} does not exist.")
     if root.is_file() and root.suffix == ".npy":
-        return _load_npy([root], pp, limit)
+        return [], [root]
     if not root.is_dir():
         raise VitexportError(f"{root} is neither a folder of images nor a .npy file.")
     files = list_images(root)
-    if not files:
-        npys = sorted(root.rglob("*.npy"))
-        if npys:
-            return _load_npy(npys, pp, limit)
-        raise VitexportError(f"Data folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
+    if files:
+        return files, []
+    npys = sorted(root.rglob("*.npy"))
+    if npys:
+        return [], npys
+    raise VitexportError(f"Data folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
+
+
+def is_labelled(root: Path, files: list[Path]) -> bool:
+    """An ImageFolder: every image sits in a class subfolder of `root`."""
+    return bool(class_folders(root)) and all(f.parent.parent == root for f in files)
+
+
+def load_folder(root: Path, pp: Preprocess, limit: int | None = None, progress=None) -> Dataset:
+    """Images (recursively) or .npy batches from a folder, all in memory (small sets: tests, scripts; the
+    commands stream through data.stream); labels from class subfolders (ImageFolder layout)."""
+    root = Path(root)
+    files, npys = find_inputs(root)
+    if npys:
+        return _load_npy(npys, pp, limit)
     subdirs = class_folders(root)
-    labelled = bool(subdirs) and all(f.parent.parent == root for f in files)
+    labelled = is_labelled(root, files)
     files = select(files, limit)
     xs = []
     for f in files:

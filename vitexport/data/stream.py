@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..errors import VitexportError
-from .images import IMAGE_SUFFIXES, class_folders, decode_crop, list_images, normalise, select
+from .images import class_folders, decode_crop, find_inputs, is_labelled, normalise, select
 from .preprocess import Preprocess
 
 Progress = Callable[[int], None]  # called with the number of images just done
@@ -48,20 +48,11 @@ class ImageSet:
 def open_images(root: Path | str, max_images: int | None = None) -> ImageSet:
     """The images below `root` (an ImageFolder gives labels), or `max_images` of them spread evenly over it."""
     root = Path(root)
-    if not root.exists():
-        raise VitexportError(f"Data folder {root} does not exist.")
-    if root.is_file() and root.suffix == ".npy":
-        return _npy_set([root], str(root), max_images)
-    if not root.is_dir():
-        raise VitexportError(f"{root} is neither a folder of images nor a .npy file.")
-    files = list_images(root)
-    if not files:
-        npys = sorted(root.rglob("*.npy"))
-        if npys:
-            return _npy_set(npys, str(root), max_images)
-        raise VitexportError(f"Data folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
+    files, npys = find_inputs(root)
+    if npys:
+        return _npy_set(npys, str(root), max_images)
     subdirs = class_folders(root)
-    labelled = bool(subdirs) and all(f.parent.parent == root for f in files)
+    labelled = is_labelled(root, files)
     total, files = len(files), select(files, max_images)
     if not labelled:
         return ImageSet(str(root), files, None, None, total)
