@@ -10,6 +10,17 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler for the test: a shell that starts jobs in the background (nohup, some CI
+    runners) starts Python with SIGINT ignored, and _thread.interrupt_main() then raises nothing."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
     """Run in an empty folder: artifacts land in tmp_path/models."""
     monkeypatch.chdir(tmp_path)

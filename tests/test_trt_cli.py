@@ -104,7 +104,7 @@ def test_without_verbose_the_failure_says_how_to_see_the_log(digits, tmp_path, m
     assert "logged no error; run `vitexport trt` again with --verbose (or --verbose-log FILE)" in r.output
 
 
-def test_ctrl_c_during_the_build_exits_130_and_keeps_nothing(digits, tmp_path, monkeypatch):
+def test_ctrl_c_during_the_build_exits_130_and_keeps_nothing(digits, tmp_path, monkeypatch, ctrl_c):
     import _thread
     import time
 

@@ -91,7 +91,7 @@ def test_a_healthy_monitor_prints_phases_and_continues():
     assert "Building engine (4 steps" in out.getvalue() and "Building engine: 1/4" in out.getvalue()
 
 
-def test_ctrl_c_in_the_waiting_thread_stops_the_worker_at_its_next_step():
+def test_ctrl_c_in_the_waiting_thread_stops_the_worker_at_its_next_step(ctrl_c):
     monitor = BuildMonitor(Log(quiet=True))
     steps = []
 
@@ -233,7 +233,7 @@ def test_ctrl_c_in_a_callback_cancels_the_build_and_reraises(tmp_path, monkeypat
     assert steps == [0]  # phase_start recorded it; the first step_complete returned False
 
 
-def test_ctrl_c_while_tensorrt_works_cancels_the_build(tmp_path, monkeypatch):
+def test_ctrl_c_while_tensorrt_works_cancels_the_build(tmp_path, monkeypatch, ctrl_c):
     trt_build = fake_tensorrt.install(monkeypatch)
     fake_tensorrt.STEPS = 400
     steps = []
