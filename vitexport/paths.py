@@ -135,3 +135,17 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def plain_name(name: object, what: str) -> str:
+    """A file name a record in a model folder gives (a manifest's, a sidecar's), checked before anything is read
+    or written through it: a plain name inside the folder, never a path that leaves it. A folder is input, and
+    whoever wrote it wrote its records too."""
+    from .errors import VitexportError
+
+    ok = isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0") \
+        and not Path(name).is_absolute()
+    if not ok:
+        raise VitexportError(f"{what} names {name!r}, which is not a plain file name inside the model folder; "
+                             f"vitexport reads and writes only inside it (re-export the model, or fix the record).")
+    return str(name)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import VitexportError
-from ..paths import artifacts_dir, sha256_file
+from ..paths import artifacts_dir, plain_name, sha256_file
 from .manifest import Manifest, PrecisionRecord, read_manifest, write_manifest
 
 MANIFEST_NAME = "manifest.json"
@@ -92,6 +92,38 @@ def external_data_of(onnx_path: Path) -> Path:
     """Where an ONNX file's external weights live (model.onnx -> model.onnx.data)."""
     onnx_path = Path(onnx_path)
     return onnx_path.with_name(onnx_path.name + EXTERNAL_DATA_SUFFIX)
+
+
+_LOCATION_KEY = b"\x0a\x08location"  # how an external_data entry's key 'location' is serialized
+
+
+def external_locations(onnx_path: Path) -> list[str]:
+    """The external-data files an ONNX file's tensors name, read from its protobuf without loading them. A file
+    whose bytes never spell the 'location' key has none, which a scan tells without parsing the graph."""
+    import mmap
+
+    with open(onnx_path, "rb") as f:
+        try:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                if m.find(_LOCATION_KEY) < 0:
+                    return []
+        except ValueError:  # an empty file
+            return []
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
+    return sorted({e.value for t in tensors for e in t.external_data if e.key == "location"})
+
+
+def external_data_problem(onnx_path: Path) -> str | None:
+    """Why an ONNX file's external data may not be read (a location that leaves its folder), or None."""
+    folder = Path(onnx_path).parent.resolve()
+    for loc in external_locations(onnx_path):
+        target = (folder / loc).resolve()
+        if Path(loc).is_absolute() or ".." in Path(loc).parts or not target.is_relative_to(folder):
+            return f"names external data {loc!r} outside its folder (vitexport reads only inside a model folder)"
+    return None
 
 
 def onnx_digest(onnx_path: Path) -> str:
@@ -193,18 +225,28 @@ class ModelFolder:
                 pass
         return DEFAULT_ONNX_NAME
 
+    def inside(self, path: Path) -> Path:
+        """`path` of this folder, refused in one sentence when it is a link that leaves the folder: nothing is read
+        or written through it."""
+        if path.is_symlink() or (path.exists() and path.resolve().parent != self.path.resolve()):
+            real = path.resolve()
+            if not real.is_relative_to(self.path.resolve()):
+                raise VitexportError(f"{path} is a link to {real}, outside the model folder {self.path}; vitexport "
+                                     f"reads and writes only inside it (replace the link with the file).")
+        return path
+
     def onnx(self, kind: str = "fp32") -> Path:
         """The ONNX file of an artifact kind ('fp32', 'fp16', 'int8', 'int8-trt')."""
         if kind == "fp32":
-            return self.path / self.onnx_name
-        return self.path / artifact_kind(kind).filename
+            return self.inside(self.path / self.onnx_name)
+        return self.inside(self.path / artifact_kind(kind).filename)
 
     def external_data(self, kind: str = "fp32") -> Path:
         return external_data_of(self.onnx(kind))
 
     def ir_weights(self, kind: str) -> Path:
         """The .bin of an OpenVINO IR kind."""
-        return ir_weights_of(self.onnx(kind))
+        return self.inside(ir_weights_of(self.onnx(kind)))
 
     def rejected(self, kind: str) -> Path:
         """Where a conversion that failed its parity check is kept (model.fp16.rejected.onnx)."""
@@ -214,10 +256,14 @@ class ModelFolder:
         return self.path / (name.removesuffix(".onnx") + REJECTED_SUFFIX)
 
     def plan(self, precision: str) -> Path:
-        return self.path / plan_name(check_plan_precision(precision))
+        return self.inside(self.path / plan_name(check_plan_precision(precision)))
 
     def sidecar(self, precision: str) -> Path:
-        return sidecar_for(self.plan(precision))
+        return self.inside(sidecar_for(self.plan(precision)))
+
+    def member(self, name: object, what: str) -> Path:
+        """A file a record of the folder names (a sidecar's source ONNX): a plain name, not a link out."""
+        return self.inside(self.path / plain_name(name, what))
 
     def plan_source(self, precision: str) -> Path:
         """The ONNX a plan of this precision is built from."""
@@ -228,7 +274,12 @@ class ModelFolder:
         return self.path / CALIB_CACHE_DIR
 
     def calib_cache(self, key: str) -> Path:
-        return self.calib_cache_dir / f"{key}.json"
+        path = self.calib_cache_dir / f"{key}.json"
+        if self.calib_cache_dir.is_symlink() or (path.is_symlink() and not path.resolve().is_relative_to(
+                self.path.resolve())):
+            raise VitexportError(f"{self.calib_cache_dir} is or holds a link out of the model folder {self.path}; "
+                                 f"vitexport reads and writes only inside it (remove the link).")
+        return path
 
     def derived_files(self) -> list[Path]:
         """Everything made from the FP32 export: stale (and removed) once the export's bytes change."""

@@ -16,7 +16,7 @@ from .. import __version__
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..parity.compare import ParityStats, ParityVerdict
-from ..paths import write_text_atomic
+from ..paths import plain_name, write_text_atomic
 
 FORMAT = "vitexport-manifest/1"  # written by this version
 READABLE_FORMATS = (FORMAT,)  # read by this version
@@ -176,7 +176,8 @@ class HeldOutCheck:
 
     def to_dict(self) -> dict:
         return {"data": self.data, "passed": self.passed, "failures": list(self.failures),
-                "inconclusive": list(self.inconclusive), "thresholds": dict(self.thresholds), **self.stats.to_dict()}
+                **({"inconclusive": list(self.inconclusive)} if self.inconclusive else {}),
+                "thresholds": dict(self.thresholds), **self.stats.to_dict()}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "HeldOutCheck":
@@ -201,7 +202,8 @@ class IrRecord:
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "IrRecord":
-        return cls(f.req("weights", str), f.req("weights_sha256", str), f.req("weights_bytes", int),
+        return cls(plain_name(f.req("weights", str), f"{f.path.name}'s field {f._name('weights')!r}"),
+                   f.req("weights_sha256", str), f.req("weights_bytes", int),
                    f.req("source", str), f.req("source_sha256", str), f.req("fp16_weights", bool),
                    f.req("openvino", str))
 
@@ -240,7 +242,8 @@ class PrecisionRecord:
     @classmethod
     def from_fields(cls, f: _Fields) -> "PrecisionRecord":
         cal, check, ov = f.sub("calibration"), f.sub("check"), f.sub("openvino")
-        return cls(f.req("file", str), f.req("source_sha256", str), f.opt("sha256", str, ""),
+        return cls(plain_name(f.req("file", str), f"{f.path.name}'s field {f._name('file')!r}"),
+                   f.req("source_sha256", str), f.opt("sha256", str, ""),
                    f.opt("keep_fp32", list), CalibrationRecord.from_fields(cal) if cal else None,
                    f.opt("qdq", dict), HeldOutCheck.from_fields(check) if check else None,
                    f.rest(_PRECISION_FIELDS), openvino=IrRecord.from_fields(ov) if ov else None)
@@ -314,7 +317,8 @@ class Manifest:
             grid=_pair(f, "grid"), num_classes=f.req("num_classes", int), config=_config(f),
             preprocess=preprocess, checkpoint=CheckpointRecord.from_fields(ck) if ck else None,
             seed=f.opt("seed", int), pos_embed_interp=f.req("pos_embed_interp", str), opset=f.req("opset", int),
-            onnx=f.req("onnx", str), input_name=f.req("input_name", str), output_name=f.req("output_name", str),
+            onnx=plain_name(f.req("onnx", str), f"{path.name}'s field 'onnx'"), input_name=f.req("input_name", str),
+            output_name=f.req("output_name", str),
             input_shape=f.req("input_shape", list), output_shape=f.req("output_shape", list),
             versions=f.opt("versions", dict, {}), parity=ExportParity.from_fields(parity) if parity else None,
             onnx_sha256=f.opt("onnx_sha256", str), onnx_bytes=f.opt("onnx_bytes", int),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import VitexportError
-from ..paths import write_text_atomic
+from ..paths import plain_name, write_text_atomic
 from .folder import SIDECAR_SUFFIX, plan_name
 
 SIDECAR_FORMAT = "vitexport-plan/1"
@@ -56,6 +56,9 @@ def read_sidecar(path: Path) -> dict[str, Any]:
     if missing:
         raise VitexportError(f"{path} lacks {', '.join(missing)}; rebuild the engine with `vitexport trt` on this "
                              f"machine.")
+    for key in ("plan", "source_onnx"):  # names of files beside it: never a path out of the folder
+        if data.get(key) is not None:
+            plain_name(data[key], f"{path.name}'s field {key!r}")
     return data
 
 

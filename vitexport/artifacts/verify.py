@@ -25,6 +25,7 @@ from .folder import (
     PLAN_PRECISIONS,
     ModelFolder,
     artifact_kind,
+    external_data_problem,
     onnx_digest,
 )
 from .manifest import IrRecord, Manifest
@@ -42,6 +43,16 @@ def digest(path: Path, fold_external_data: bool = False) -> str:
     if key not in _digests:
         _digests[key] = onnx_digest(path) if fold_external_data else sha256_file(path)
     return _digests[key]
+
+
+def _external_data_problem(path: Path) -> str | None:
+    if path.suffix != ".onnx":  # an OpenVINO IR's .xml: its .bin is checked by name and digest
+        return None
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, "external")
+    if key not in _digests:
+        _digests[key] = external_data_problem(path) or ""
+    return _digests[key] or None
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,8 @@ def check_onnx(folder: ModelFolder, kind: str, manifest: Manifest | None = None)
     if not path.is_file():
         return FileCheck(kind, path, MISSING, "is missing", remedy=remedy)
     sha = digest(path)
+    if (why := _external_data_problem(path)) is not None:  # before any library loads the file
+        return FileCheck(kind, path, BROKEN, why, sha, remedy)
     if kind == "fp32":
         if not manifest.onnx_sha256:
             return FileCheck(kind, path, UNRECORDED, f"has no digest in {MANIFEST_NAME}", sha, remedy)
@@ -132,7 +145,7 @@ def check_plan(folder: ModelFolder, precision: str) -> FileCheck:
         return FileCheck(kind, path, BROKEN, f"is not the plan {sidecar_path.name} describes (its sha256 differs)",
                          sha, remedy)
     name = sidecar.get("source_onnx")
-    source = folder.path / name if isinstance(name, str) and name else folder.plan_source(precision)
+    source = folder.member(name, sidecar_path.name) if name else folder.plan_source(precision)
     recorded = sidecar.get("source_onnx_sha256")
     if recorded is not None and (not source.is_file() or digest(source, fold_external_data=True) != recorded):
         return FileCheck(kind, path, STALE, f"was built from an earlier {source.name}", sha, remedy)

@@ -85,10 +85,8 @@ class TensorRTRunner(Runner):
 
     def _source_onnx(self, sidecar: dict[str, Any]) -> Path:
         """The ONNX the plan was built from, as its sidecar names it (else the folder's source for the precision)."""
-        name = sidecar.get("source_onnx")
-        if isinstance(name, str) and name:
-            return self.plan_path.parent / name
-        return ModelFolder(self.plan_path.parent).plan_source(self.precision)
+        name, folder = sidecar.get("source_onnx"), ModelFolder(self.plan_path.parent)
+        return folder.member(name, self.sidecar_path.name) if name else folder.plan_source(self.precision)
 
     def _load(self) -> None:
         try:

@@ -103,7 +103,8 @@ def unavailable_lines(report: BenchReport) -> list[str]:
             what = "" if said.startswith("not run:") else "unavailable: "  # not run: its file failed (said apart)
             out.append(f"{members[0].name}: {what}{said}")
         else:
-            out.append(f"{len(members)} rows unavailable: {said} ({', '.join(r.name for r in members)})")
+            what = "" if said.startswith("not run:") else "unavailable: "
+            out.append(f"{len(members)} rows {what}{said} ({', '.join(r.name for r in members)})")
     return out
 
 

@@ -172,7 +172,7 @@ def _plan_source(folder: ModelFolder, opts: TritonOptions, log: Log) -> tuple[Pa
                                                  opt_batch=min(8, biggest), max_batch=biggest), log=log)
         sidecar, source = result.sidecar, result.onnx_path
     else:
-        source = folder.path / str(sidecar["source_onnx"])  # check_plan verified it is there and current
+        source = folder.member(sidecar["source_onnx"], sidecar_path.name)  # check_plan: there and current
     mn, mx = sidecar["profile"]["min"][0], sidecar["profile"]["max"][0]
     if mn > 1:
         raise VitexportError(f"{plan.name} takes batches of {mn} to {mx}, but Triton sends batches from 1; rebuild "

@@ -55,8 +55,19 @@ def parse_ref(text: str | Path | None) -> HubRef | None:
         return None
     repo, _, revision = s[len(HUB_PREFIX):].partition("@")
     parts = repo.split("/")
+    usage = f"{s!r} is not a hub checkpoint; write it as hf-hub:ORG/NAME or hf-hub:ORG/NAME@REVISION"
     if len(parts) != 2 or not all(parts) or not all(re.fullmatch(r"[\w.-]+", p) for p in parts):
-        raise VitexportError(f"{s!r} is not a hub checkpoint; write it as hf-hub:ORG/NAME or hf-hub:ORG/NAME@REVISION.")
+        raise VitexportError(f"{usage}.")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:  # the hub's own rules ('..', '--', leading or trailing '.' and '-', length), before any path is built
+        validate_repo_id(repo)
+    except HFValidationError:
+        raise VitexportError(f"{usage} ({repo!r} breaks the hub's rules for repository names).") from None
+    # a revision becomes a path in the cache (refs/<revision>): a branch, tag or commit, never a way out of it
+    if revision and (not re.fullmatch(r"[\w.\-/]+", revision) or revision.startswith("/")
+                     or ".." in revision.split("/") or "" in revision.split("/")):
+        raise VitexportError(f"{usage} ({revision!r} is not a branch, tag or commit name).")
     return HubRef(repo, revision or None)
 
 

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+_ALWAYS = ("n", "max_abs", "mean_abs", "cos_min", "cos_mean", "top1_agree", "top5_agree", "acc_ref", "acc")
+
+
 @dataclass
 class ParityStats:
     n: int
@@ -39,7 +42,9 @@ class ParityStats:
     flips_up: int | None = None  # wrong for the reference, right for the candidate
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Its fields; the uncertainty fields only when known (a record read from an older file round-trips)."""
+        d = asdict(self)
+        return {k: v for k, v in d.items() if v is not None or k in _ALWAYS}
 
 
 def compare(ref: "np.ndarray", out: "np.ndarray", labels: "np.ndarray | None" = None) -> ParityStats:
