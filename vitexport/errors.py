@@ -24,3 +24,11 @@ class BackendUnavailable(VitexportError):
     """A backend's library, provider, artifact or device is missing."""
 
     exit_code = 3
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: handled like Ctrl-C (every cleanup that runs for one runs for it), exit 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -12,7 +12,7 @@ import click
 
 from .. import __version__
 from .bench_cmd import bench_command
-from .failures import DEBUG_ENV, VitexportGroup, set_debug
+from .failures import DEBUG_ENV, VitexportGroup, set_debug, stop_on_signals
 from .info_cmd import info_command
 from .onnx_cmd import onnx_command
 from .openvino_cmd import openvino_command
@@ -48,4 +48,5 @@ cli.add_command(info_command)
 
 
 def main() -> None:
+    stop_on_signals()
     cli(prog_name="vitexport")

@@ -4,6 +4,7 @@
 - `OSError` that reached the command (permissions, full disk, file-size limit): one sentence naming the file (a
   hidden temporary is named by the file it was for), exit 2. `MemoryError`: one sentence, exit 2.
 - `KeyboardInterrupt`: exit 130; every file is written to a temporary first, so nothing partial is kept.
+- SIGTERM / SIGHUP (`stop_on_signals`, installed by `main`): the same, exit 128 + the signal (143, 129).
 - Anything else is a bug: one line saying so and how to get the traceback, exit 70.
 
 `vitexport --debug ...` (or `VITEXPORT_DEBUG=1`) prints the traceback of the library's exception (the one a
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import VitexportError
+from ..errors import Terminated, VitexportError
 
 DEBUG_ENV = "VITEXPORT_DEBUG"
 INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE
@@ -94,6 +95,11 @@ def to_click(e: BaseException) -> click.ClickException | click.exceptions.Exit |
         _print_traceback(e)
     if isinstance(e, VitexportError):
         return UserError(str(e), e.exit_code)
+    if isinstance(e, Terminated):
+        import signal
+
+        name = signal.Signals(e.signum).name
+        return UserError(f"Stopped by {name}; no partial output was kept.", 128 + e.signum)
     if isinstance(e, KeyboardInterrupt):
         return UserError("Interrupted; no partial output was kept.", INTERRUPTED_EXIT)
     if isinstance(e, MemoryError):
@@ -103,6 +109,20 @@ def to_click(e: BaseException) -> click.ClickException | click.exceptions.Exit |
     first = (str(e).strip().splitlines() or [""])[0][:200]
     return UserError(f"Internal error ({type(e).__name__}{': ' + first if first else ''}); this is a bug: rerun with "
                      f"`vitexport --debug ...` (or {DEBUG_ENV}=1) and report the traceback.", INTERNAL_ERROR_EXIT)
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP end a command as Ctrl-C does (temporaries removed, the folder's lock released), with exit
+    128 + the signal. A signal the parent set to be ignored stays ignored (nohup: keep running), as Python
+    itself leaves an inherited SIG_IGN for SIGINT."""
+    import signal
+
+    def stop(signum, frame):
+        raise Terminated(signum)
+
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, stop)
 
 
 class VitexportGroup(click.Group):

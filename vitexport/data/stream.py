@@ -89,7 +89,8 @@ def decoded_crops(files: list[Path], pp: Preprocess, workers: int, chunk: int = 
     if workers <= 1:
         yield from (one_chunk(p) for p in parts)
         return
-    with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="decode")
+    try:
         pending = [pool.submit(one_chunk, p) for p in parts[:prefetch * workers]]
         nxt = len(pending)
         while pending:
@@ -98,6 +99,8 @@ def decoded_crops(files: list[Path], pp: Preprocess, workers: int, chunk: int = 
                 pending.append(pool.submit(one_chunk, parts[nxt]))
                 nxt += 1
             yield done
+    finally:  # a failure, Ctrl-C or a consumer that stops early: the chunks not started yet are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass
