@@ -8,11 +8,11 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-from scipy.stats import binomtest
 import torch
 from click.testing import CliRunner
 from conftest import ROOT, fails_cleanly
 from onnx import numpy_helper
+from scipy.stats import binomtest
 
 from vitexport.artifacts.folder import ModelFolder
 from vitexport.backends.base import Runner
@@ -20,6 +20,7 @@ from vitexport.bench.run import discover
 from vitexport.cli import cli
 from vitexport.data.images import load_folder
 from vitexport.ensure import ensure_artifact
+from vitexport.environment import cpu_has_bf16
 from vitexport.errors import BackendUnavailable
 from vitexport.export.run import run_export
 from vitexport.export.torch_model import model_from_manifest
@@ -30,8 +31,9 @@ from vitexport.paths import sha256_file
 from vitexport.precision import CalibOptions
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
-CPU_BACKENDS = {"pytorch cpu fp32", "pytorch cpu bf16", "onnxruntime cpu fp32", "onnxruntime cpu fp16",
-                "onnxruntime cpu int8", "openvino cpu fp32", "openvino cpu int8"}
+CPU_BACKENDS = {"pytorch cpu fp32", "onnxruntime cpu fp32", "onnxruntime cpu fp16",
+                "onnxruntime cpu int8", "openvino cpu fp32", "openvino cpu int8"} | \
+    ({"pytorch cpu bf16"} if cpu_has_bf16() is not False else set())  # emulated bf16 is not run
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +232,15 @@ def test_infer_all_respects_an_engine_batch_range():
         out = r.infer_all(x)
     assert not r.loaded
     assert np.allclose(out, x.reshape(9, -1)[:, :3] * 2)
+
+
+def test_bf16_is_not_run_where_the_cpu_would_emulate_it(digits, monkeypatch):
+    from vitexport.backends import torch_backend
+
+    model = model_from_manifest(ModelFolder(digits).read_manifest())
+    monkeypatch.setattr(torch_backend, "cpu_has_bf16", lambda: False)
+    with pytest.raises(BackendUnavailable, match="no BF16 arithmetic"):
+        torch_backend.TorchRunner(model, "bf16", "cpu").load()
+    monkeypatch.setattr(torch_backend, "cpu_has_bf16", lambda: True)
+    with torch_backend.TorchRunner(model, "bf16", "cpu") as r:
+        assert r.infer(np.zeros((1, 3, 32, 32), np.float32)).shape == (1, 10)

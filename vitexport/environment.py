@@ -66,6 +66,18 @@ def cpu_flags() -> list[str]:
     return []
 
 
+def cpu_has_bf16() -> bool | None:
+    """Whether this CPU does BF16 arithmetic (x86: AVX512_BF16 or AMX-BF16; Arm: the bf16 feature); None when
+    /proc/cpuinfo does not say (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    have = {f for line in text.splitlines() if line.startswith(("flags", "Features"))
+            for f in line.split(":", 1)[1].split()}
+    return bool(have & {"avx512_bf16", "amx_bf16", "bf16"}) if have else None
+
+
 def openvino_cpu(core: Any = None) -> dict[str, Any] | None:
     """OpenVINO's version and what its CPU plugin says the CPU can do ('FP32', 'BF16', 'INT8', ...); None when
     openvino cannot be imported or has no CPU device."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..environment import cuda_gpu
+from ..environment import cpu_has_bf16, cuda_gpu
 from ..errors import BackendUnavailable
 from .base import Runner
 
@@ -28,6 +28,9 @@ class TorchRunner(Runner):
             raise BackendUnavailable("no CUDA GPU visible to PyTorch")
         if self.precision == "bf16" and self.device != "cpu":
             raise BackendUnavailable("bf16 autocast is measured on CPU only")
+        if self.precision == "bf16" and cpu_has_bf16() is False:  # emulated: slower than FP32, says nothing
+            raise BackendUnavailable("this CPU has no BF16 arithmetic (AVX512_BF16 or AMX); PyTorch would emulate "
+                                     "it, slower than FP32")
         if self.precision == "fp16" and self.device != "cuda":
             raise BackendUnavailable("FP16 eager needs CUDA (CPU FP16 matmuls are emulated)")
         m = self.model.eval().to(self.device)
