@@ -1,4 +1,4 @@
-"""One interface for every backend (PyTorch, ONNX Runtime, TensorRT): load, infer on a batch, close.
+"""One interface for every backend (PyTorch, ONNX Runtime, OpenVINO, TensorRT): load, infer on a batch, close.
 
 A runner whose library, provider, artifact or device is missing raises BackendUnavailable from load();
 the bench lists it as "unavailable: <reason>" instead of failing. Heavy libraries are imported inside load().
