@@ -55,7 +55,7 @@ class BenchOptions:
     thresholds: dict[str, Thresholds] = field(default_factory=dict)  # per-precision overrides
     strict: bool = False
     max_images: int | None = None  # this many images spread evenly over --data (None: every one)
-    workers: int | None = None  # decoding threads (None: one per core, at most 8)
+    workers: int | None = None  # decoding threads (None: data.stream.default_workers)
 
 
 @dataclass
@@ -179,7 +179,7 @@ class _Reference:
         self.throughput: dict[int, float] = {}  # batch -> images/s
 
 
-def _parity(runner: Runner, vset: ValidationSet, opts: BenchOptions, ref: _Reference, log: Log) -> tuple[Evaluation, bool]:
+def _parity(runner: Runner, vset: ValidationSet, ref: _Reference, log: Log) -> tuple[Evaluation, bool]:
     """The runner on every input against the reference (or as the reference, when none ran yet and it is FP32)."""
     is_reference = ref.store is None and runner.precision == "fp32"
     if ref.store is None and not is_reference:
@@ -204,7 +204,7 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
     res.available, res.info = True, dict(runner.info)
     try:
         with log.step(f"{runner.name}"):
-            ev, is_reference = _parity(runner, vset, opts, ref, log)
+            ev, is_reference = _parity(runner, vset, ref, log)
             res.parity = judge(ev.stats, runner.precision, opts.thresholds.get(runner.precision))
             res.per_class, res.timing = ev.per_class, ev.timing()
             if not runner.timed:
