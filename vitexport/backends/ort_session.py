@@ -24,3 +24,10 @@ def create_session(path: Path | str | bytes, providers: list[str] | None = None,
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         what = "the model" if isinstance(path, bytes) else str(path)
         raise VitexportError(f"ONNX Runtime could not load {what}: {first[:300]}") from None
+
+
+def session_infer(sess, input_name: str, output_name: str):
+    """(B, 3, H, W) -> outputs of a session, run in the chunks infer_in_chunks uses (the held-out checks)."""
+    from .base import infer_in_chunks
+
+    return lambda x: infer_in_chunks(lambda b: sess.run([output_name], {input_name: b})[0], x)

@@ -22,9 +22,8 @@ from typing import Any
 from ..artifacts.folder import IR_SOURCE, ModelFolder, artifact_kind, ir_weights_of, onnx_digest
 from ..artifacts.manifest import HeldOutCheck, IrRecord, Manifest, PrecisionRecord
 from ..artifacts.verify import check_onnx, require
-from ..backends.base import infer_in_chunks
 from ..backends.openvino_backend import INSTALL_COMMAND, OpenVinoRunner, first_line, import_openvino
-from ..backends.ort_session import create_session
+from ..backends.ort_session import create_session, session_infer
 from ..errors import BackendUnavailable, ParityError, VitexportError
 from ..parity.compare import ParityVerdict, Thresholds, describe, judge
 from ..paths import default_heldout_dir, display_path, sha256_file, staging_prefix
@@ -114,14 +113,13 @@ def check_ir_against_fp32(fp32: Path, xml: Path, precision: str, manifest: Manif
     """The IR on OpenVINO's CPU plugin against the FP32 ONNX on ONNX Runtime, batch by batch over the held-out set.
 
     The IR runs with the f32 inference precision: the check is of the file, not of a CPU's bf16 arithmetic."""
-    sess = create_session(fp32)
+    reference = session_infer(create_session(fp32), manifest.input_name, manifest.output_name)
     runner = OpenVinoRunner(xml, precision, hint="f32", input_name=manifest.input_name,
                             output_name=manifest.output_name)
     try:
         with runner:
-            ev = evaluate(runner.infer_all, held.inputs, held.labels, label=f"checking the {precision} IR", log=log,
-                          reference=lambda x: infer_in_chunks(
-                              lambda b: sess.run([manifest.output_name], {manifest.input_name: b})[0], x))
+            ev = evaluate(runner.infer_all, held.inputs, held.labels, reference=reference,
+                          label=f"checking the {precision} IR", log=log)
     except BackendUnavailable as e:
         raise VitexportError(f"{e}.") from None
     verdict = judge(ev.stats, precision, thresholds)

@@ -11,9 +11,8 @@ from pathlib import Path
 
 from ..artifacts.folder import ModelFolder, artifact_kind, external_data_of
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
-from ..artifacts.verify import check_onnx
-from ..backends.base import infer_in_chunks
-from ..backends.ort_session import create_session
+from ..artifacts.verify import BROKEN, MISSING, check_onnx
+from ..backends.ort_session import create_session, session_infer
 from ..errors import ParityError, VitexportError
 from ..parity.compare import ParityVerdict, Thresholds, describe, judge
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_file
@@ -39,11 +38,9 @@ def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precisi
                        thresholds: Thresholds | None = None, log: Log = QUIET) -> ParityVerdict:
     """The candidate ONNX against the FP32 one on ONNX Runtime's CPU provider, both run on each batch of the
     held-out set in turn: nothing is kept per image but the figures."""
-    name, out = manifest.input_name, manifest.output_name
-    ref_sess, cand_sess = create_session(fp32), create_session(candidate)
-    ev = evaluate(lambda x: infer_in_chunks(lambda b: cand_sess.run([out], {name: b})[0], x), held.inputs,
-                  held.labels, reference=lambda x: infer_in_chunks(lambda b: ref_sess.run([out], {name: b})[0], x),
-                  label=f"checking {precision}", log=log)
+    io = (manifest.input_name, manifest.output_name)
+    ev = evaluate(session_infer(create_session(candidate), *io), held.inputs, held.labels,
+                  reference=session_infer(create_session(fp32), *io), label=f"checking {precision}", log=log)
     verdict = judge(ev.stats, precision, thresholds)
     log.info(f"{precision.upper()} vs FP32 on {len(held):,} held-out inputs: {describe(verdict.stats)}")
     for line in verdict.inconclusive:
@@ -153,11 +150,11 @@ def stale_reason(folder: ModelFolder, kind: str, calib: CalibOptions | None) -> 
     """
     manifest = folder.read_manifest()
     out, rec = folder.onnx(kind), manifest.precisions.get(kind)
-    if not (out.is_file() and rec and rec.source_sha256 == manifest.onnx_sha256 and rec.sha256 == sha256_file(out)):
+    check = check_onnx(folder, kind, manifest)  # the rules every command applies (an 8-bit CPU INT8 graph: stale)
+    if rec is None or check.status in (MISSING, BROKEN) or rec.source_sha256 != manifest.onnx_sha256:
         return f"{out.name} is missing or was made from another model: making it now."
     if calib is not None and not _made_with(rec, kind, calib, manifest):
         return f"{out.name} was made with other options: making it again."
-    check = check_onnx(folder, kind, manifest)  # the rules every command applies (an 8-bit CPU INT8 graph: stale)
     if not check.ok:
         return f"{out.name} {check.reason}: making it again."
     return None
