@@ -228,11 +228,9 @@ class ModelFolder:
     def inside(self, path: Path) -> Path:
         """`path` of this folder, refused in one sentence when it is a link that leaves the folder: nothing is read
         or written through it."""
-        if path.is_symlink() or (path.exists() and path.resolve().parent != self.path.resolve()):
-            real = path.resolve()
-            if not real.is_relative_to(self.path.resolve()):
-                raise VitexportError(f"{path} is a link to {real}, outside the model folder {self.path}; vitexport "
-                                     f"reads and writes only inside it (replace the link with the file).")
+        if path.is_symlink() and not (real := path.resolve()).is_relative_to(self.path.resolve()):
+            raise VitexportError(f"{path} is a link to {real}, outside the model folder {self.path}; vitexport "
+                                 f"reads and writes only inside it (replace the link with the file).")
         return path
 
     def onnx(self, kind: str = "fp32") -> Path:
@@ -274,12 +272,10 @@ class ModelFolder:
         return self.path / CALIB_CACHE_DIR
 
     def calib_cache(self, key: str) -> Path:
-        path = self.calib_cache_dir / f"{key}.json"
-        if self.calib_cache_dir.is_symlink() or (path.is_symlink() and not path.resolve().is_relative_to(
-                self.path.resolve())):
-            raise VitexportError(f"{self.calib_cache_dir} is or holds a link out of the model folder {self.path}; "
-                                 f"vitexport reads and writes only inside it (remove the link).")
-        return path
+        if self.calib_cache_dir.is_symlink():  # the folder itself may not be a link, even one that stays inside
+            raise VitexportError(f"{self.calib_cache_dir} is a link; vitexport reads and writes only inside the "
+                                 f"model folder {self.path} (remove the link).")
+        return self.inside(self.calib_cache_dir / f"{key}.json")
 
     def derived_files(self) -> list[Path]:
         """Everything made from the FP32 export: stale (and removed) once the export's bytes change."""

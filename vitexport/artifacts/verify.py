@@ -45,14 +45,17 @@ def digest(path: Path, fold_external_data: bool = False) -> str:
     return _digests[key]
 
 
+_external: dict[tuple, str | None] = {}  # external_data_problem per file state, like _digests
+
+
 def _external_data_problem(path: Path) -> str | None:
     if path.suffix != ".onnx":  # an OpenVINO IR's .xml: its .bin is checked by name and digest
         return None
     st = os.stat(path)
-    key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, "external")
-    if key not in _digests:
-        _digests[key] = external_data_problem(path) or ""
-    return _digests[key] or None
+    key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _external:
+        _external[key] = external_data_problem(path)
+    return _external[key]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..data.stream import InputCache, OutputStore
+from ..data.stream import ImageSet, InputCache, OutputStore
 from ..parity.accumulate import ParityAccumulator
 from ..parity.compare import ParityStats
 from ..progress import QUIET, Log
@@ -69,7 +69,7 @@ def evaluate(candidate: Infer, inputs: InputCache, labels: np.ndarray | None, *,
 class ValidationSet:
     """The images of a run, decoded once into `inputs`, with the model's labels when the folders give them."""
 
-    images: object  # data.stream.ImageSet
+    images: ImageSet
     inputs: InputCache
     labels: np.ndarray | None
 
