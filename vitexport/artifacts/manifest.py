@@ -143,19 +143,20 @@ class CalibrationRecord:
     quantize_attention: bool  # Q.K^T and A.V quantized too
     exclude_nodes: list[str]  # kept in float, by node name
     exclude_blocks: list[int]  # transformer blocks kept in float
+    skipped: int = 0  # chosen files that could not be read (damaged, links out of the folder, ...): left out
 
     def to_dict(self) -> dict:
         return {"key": self.key, "method": self.method, "samples": self.samples, "data": self.data,
                 "requested_samples": self.requested_samples, "percentile": self.percentile,
                 "quantize_attention": self.quantize_attention, "exclude_nodes": list(self.exclude_nodes),
-                "exclude_blocks": list(self.exclude_blocks)}
+                "exclude_blocks": list(self.exclude_blocks), "skipped": self.skipped}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "CalibrationRecord":
         return cls(f.req("key", str), f.req("method", str), f.req("samples", int), f.req("data", str),
                    f.opt("requested_samples", int), f.opt("percentile", (int, float)),
                    bool(f.opt("quantize_attention", bool, False)), list(f.opt("exclude_nodes", list, [])),
-                   list(f.opt("exclude_blocks", list, [])))
+                   list(f.opt("exclude_blocks", list, [])), int(f.opt("skipped", int, 0)))
 
 
 @dataclass

@@ -194,11 +194,21 @@ def print_table(report: BenchReport, console=None) -> None:
                       f"decoded once in {dec['seconds']:.1f}s ({dec['images_per_s'] or 0:,.0f}/s, {dec['workers']} "
                       f"workers); inference per backend: "
                       + ", ".join(f"{r.name} {r.timing['inference_s']:.1f}s" for r in report.results if r.timing))
+    if (d.get("skipped") or {}).get("count"):
+        console.print(f"  [yellow]{escape(skipped_line(d))}[/yellow]")
     if report.model["random_weights"]:
         console.print("  [yellow]Random weights (no checkpoint): latency is real, accuracy is meaningless.[/yellow]")
     env = report.environment
     console.print(f"  CPU: {escape(env['cpu'])} ({env['threads']} threads); GPU: "
                   f"{env['gpu']['name'] if env['gpu'] else 'none'}; wall time {report.wall_s:.0f}s")
+
+
+def skipped_line(data: dict) -> str:
+    """'Skipped 3 files of the data folder (2 damaged, 1 link out of the folder); all are listed in the JSON.'"""
+    sk = data["skipped"]
+    kinds = ", ".join(f"{n:,} {k}" for k, n in sk["kinds"].items())
+    return (f"Skipped {sk['count']:,} file(s) of {data['source']} that cannot be used ({kinds}); every backend was "
+            f"judged on the other {data['n_parity']:,}; the files and why are listed under data.skipped in the JSON.")
 
 
 def to_json(report: BenchReport) -> str:
@@ -224,6 +234,7 @@ def to_markdown(report: BenchReport) -> str:
         f"- weights: {'random (latency is real, accuracy meaningless)' if m['random_weights'] else m['checkpoint']['path']}",
         f"- inputs: {report.data['n_parity']} from `{report.data['source']}`"
         + (" (labelled)" if report.data["labelled"] else ""),
+        *([f"- {skipped_line(report.data)}"] if (report.data.get("skipped") or {}).get("count") else []),
         f"- reference: {report.reference}",
         f"- CPU: {env['cpu']}, {env['cores']} cores, {env['threads']} threads; GPU: "
         f"{env['gpu']['name'] if env['gpu'] else 'none'}",

@@ -86,8 +86,8 @@ BENCH = OptionGroup(
         opt("--threshold", "thresholds", multiple=True, metavar="PREC.FIELD=VALUE", callback=_thresholds,
             help="Override a parity threshold, e.g. int8.cos_min=0.99 (see docs/PARITY.md)."),
         opt("--strict", is_flag=True,
-            help="Exit 1 when any backend misses a parity threshold, or when the set is too small to decide one "
-                 "(inconclusive: docs/PARITY.md)."),
+            help="Exit 1 when any backend misses a parity threshold, when the set is too small to decide one "
+                 "(inconclusive: docs/PARITY.md), or when files of the data folder had to be skipped."),
     ],
     _bench_options,
 )
@@ -142,6 +142,10 @@ def bench_command(target, spec, opts, no_prepare, files, log):
         raise VitexportError(f"Could not write the report: {e.strerror or e} ({e.filename}).") from None
     for p in written:
         click.echo(f"wrote {p}")
+    skipped = (report.data.get("skipped") or {}).get("count", 0)
+    if skipped and opts.strict:
+        raise ParityError(f"{skipped:,} file(s) of {report.data['source']} were skipped (--strict); see the warning "
+                          f"above and data.skipped in the JSON.")
     if not report.passed:
         msg = f"Failed: {'; '.join(report.failures())}."
         if opts.strict:

@@ -8,7 +8,9 @@ normalise with mean/std. Grayscale, palette and RGBA images are converted to RGB
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -77,9 +79,31 @@ def resize_and_crop(img, pp: Preprocess):
     return img.crop((left, top, left + tw, top + th))
 
 
+class ImageError(VitexportError):
+    """An image file that cannot be used: one sentence naming it, with `kind` (a short class of reason, how skips
+    are counted) and `why` (the detail)."""
+
+    def __init__(self, path: Path, kind: str, why: str, advice: str) -> None:
+        super().__init__(f"Cannot read image {path}: {why}; {advice}.")
+        self.path, self.kind, self.why = path, kind, why
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.errno and e.strerror:  # 'permission denied', not "[Errno 13] ...: '<path>'"
+        return e.strerror.lower()
+    return (str(e).strip().splitlines() or [""])[0].rstrip(".") or "the file is damaged"
+
+
+def _is_empty(path: Path) -> bool:
+    try:
+        return os.stat(path).st_size == 0
+    except OSError:
+        return False
+
+
 def decode_crop(path: Path, pp: Preprocess) -> np.ndarray:
-    """One image file -> its (H, W, 3) uint8 crop (resize_and_crop); one sentence naming the file when it cannot
-    be read."""
+    """One image file -> its (H, W, 3) uint8 crop (resize_and_crop); an ImageError naming the file when it cannot
+    be used. Animated GIF/WebP give their first frame; CMYK, palette, 1-bit, LA and 16-bit images are converted."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -87,13 +111,20 @@ def decode_crop(path: Path, pp: Preprocess) -> np.ndarray:
             img.load()
             return np.asarray(resize_and_crop(img, pp), dtype=np.uint8)
     except Image.DecompressionBombError as e:
-        raise VitexportError(f"Image {path} is too large to decode safely ({e}); downscale it first.") from None
+        raise ImageError(path, "too large", f"it is too large to decode safely ({_reason(e)})",
+                         "downscale it first") from None
     except UnidentifiedImageError:
-        raise VitexportError(f"Cannot read image {path}: it is not an image Pillow recognises; remove it from the "
-                             f"folder or convert it to PNG or JPEG.") from None
-    except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt files
-        why = (str(e).strip().splitlines() or [""])[0].rstrip(".") or "the file is damaged"
-        raise VitexportError(f"Cannot read image {path}: {why}; remove it from the folder or save it again.") from None
+        if _is_empty(path):
+            raise ImageError(path, "damaged", "the file is empty", "remove it from the folder or save it again") from None
+        raise ImageError(path, "not an image", "it is not an image Pillow recognises",
+                         "remove it from the folder or convert it to PNG or JPEG") from None
+    except MemoryError:
+        raise ImageError(path, "too large", "decoding it ran out of memory", "downscale it first") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as e:  # truncated, corrupt or unreadable files
+        unreadable = isinstance(e, OSError) and e.errno is not None
+        raise ImageError(path, "unreadable" if unreadable else "damaged", _reason(e),
+                         "check its permissions" if unreadable else "remove it from the folder or save it "
+                         "again") from None
 
 
 def normalise(crops: np.ndarray, pp: Preprocess) -> np.ndarray:
@@ -109,15 +140,10 @@ def load_image(path: Path, pp: Preprocess) -> np.ndarray:
 
 
 def class_folders(root: Path) -> list[str]:
-    """The class subfolders of an ImageFolder, in class order: '2' before '10', names after numbers."""
-    return sorted((d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")),
+    """The class subfolders of an ImageFolder, in class order: '2' before '10', names after numbers (links to
+    folders are not classes: list_images does not follow them)."""
+    return sorted((d.name for d in root.iterdir() if d.is_dir() and not d.is_symlink() and not d.name.startswith(".")),
                   key=lambda n: (0, int(n), n) if n.isdigit() else (1, 0, n))
-
-
-def iter_batches(files: list[Path], pp: Preprocess, batch: int):
-    """Preprocessed (B, 3, H, W) batches, decoded only when asked for: memory holds one batch at a time."""
-    for i in range(0, len(files), batch):
-        yield np.stack([load_image(f, pp) for f in files[i:i + batch]])
 
 
 @dataclass
@@ -134,10 +160,104 @@ class Dataset:
         return len(self.x)
 
 
-def list_images(root: Path) -> list[Path]:
-    """Every image below `root`, recursively, in a deterministic order."""
-    return sorted(p for p in Path(root).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
-                  and not any(part.startswith(".") for part in p.relative_to(root).parts))
+@dataclass
+class Skipped:
+    """The files of a data folder a run leaves out, each with why: counted and reported, never silent."""
+
+    entries: list[tuple[str, str, str]] = field(default_factory=list)  # (path, kind, detail), in the order found
+
+    def add(self, path: Path | str, kind: str, why: str = "") -> None:
+        self.entries.append((str(path), kind, why))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def kinds(self) -> dict[str, int]:
+        return dict(Counter(kind for _, kind, _ in self.entries).most_common())
+
+    def summary(self, source: str) -> str:
+        """'Skipped 3 files of DIR: 2 damaged (a.jpg: image file is truncated, ...); 1 link out of the folder (b.jpg).'"""
+        noun = "file" if len(self) == 1 else "files"
+        return f"Skipped {len(self):,} {noun} of {source}: {self.details()}."
+
+    def details(self) -> str:
+        """'2 damaged (a.jpg: image file is truncated, ...); 1 link out of the folder (b.jpg: it leads to /x)'"""
+        parts = []
+        for kind, count in self.kinds().items():
+            first = [(p, w) for p, k, w in self.entries if k == kind][:2]
+            shown = ", ".join(f"{Path(p).name}: {w}" if w else Path(p).name for p, w in first)
+            more = ", ..." if count > len(first) else ""
+            parts.append(f"{count:,} {kind} ({shown}{more})")
+        return "; ".join(parts)
+
+    def nothing_usable(self, count: int, source: str, first: ImageError | None) -> VitexportError:
+        """The one sentence for a run none of whose `count` inputs could be used: the file's own when it is one."""
+        if count == 1 and first is not None:
+            return first
+        return VitexportError(f"None of the {count:,} images of {source} can be read: {self.details()}; remove or "
+                              f"fix them.")
+
+    def to_dict(self, limit: int = 1000) -> dict:
+        return {"count": len(self), "kinds": self.kinds(),
+                "files": [{"file": p, "kind": k, "why": w} for p, k, w in self.entries[:limit]]}
+
+
+LINK_OUT = "link out of the folder"  # a data folder is input: nothing in it makes vitexport read outside it
+
+
+def list_images(root: Path, skipped: Skipped | None = None) -> list[Path]:
+    """Every image below `root` (see list_files)."""
+    return list_files(root, IMAGE_SUFFIXES, skipped)
+
+
+def list_files(root: Path, suffixes: tuple[str, ...], skipped: Skipped | None = None) -> list[Path]:
+    """Every file below `root` with one of `suffixes`, recursively (hidden names aside), sorted; what cannot be listed or read safely is
+    noted in `skipped` (when given): folders that cannot be listed, links that lead out of `root` or to a folder
+    (never followed: no loops, no image counted twice), image names that are not regular files (a FIFO would
+    block a reader forever).
+
+    A link to a file inside `root` is read. Works with a plain stack, not recursion: any depth.
+    """
+    root = Path(root)
+    inside = root.resolve()
+    note = skipped.add if skipped is not None else (lambda *a: None)
+    found: list[Path] = []
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except OSError as e:
+            note(d, "unreadable folder", _reason(e))
+            continue
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            p = d / e.name
+            wanted = p.suffix.lower() in suffixes
+            try:
+                if e.is_symlink():
+                    target = Path(os.path.realpath(p))
+                    if not target.is_relative_to(inside):
+                        if wanted or target.is_dir():
+                            note(p, LINK_OUT, f"it leads to {target}")
+                    elif target.is_dir():
+                        note(p, "link to a folder", "not followed")
+                    elif wanted and target.is_file():
+                        found.append(p)
+                    elif wanted:
+                        note(p, "not a regular file", "a broken link" if not target.exists() else "")
+                elif e.is_dir(follow_symlinks=False):
+                    stack.append(p)
+                elif wanted:
+                    if e.is_file(follow_symlinks=False):
+                        found.append(p)
+                    else:
+                        note(p, "not a regular file")
+            except OSError as err:
+                note(p, "unreadable", _reason(err))
+    return sorted(found)
 
 
 def select(files: list, n: int | None) -> list:
@@ -148,7 +268,7 @@ def select(files: list, n: int | None) -> list:
     return [files[i] for i in sorted(set(idx.tolist()))]
 
 
-def find_inputs(root: Path) -> tuple[list[Path], list[Path]]:
+def find_inputs(root: Path, skipped: Skipped | None = None) -> tuple[list[Path], list[Path]]:
     """(images, .npy files) of a data folder (or one .npy file): its images when it has any, else its .npy
     batches; one sentence when it has neither."""
     root = Path(root)
@@ -158,10 +278,10 @@ def find_inputs(root: Path) -> tuple[list[Path], list[Path]]:
         return [], [root]
     if not root.is_dir():
         raise VitexportError(f"{root} is neither a folder of images nor a .npy file.")
-    files = list_images(root)
+    files = list_images(root, skipped)
     if files:
         return files, []
-    npys = sorted(root.rglob("*.npy"))
+    npys = list_files(root, (".npy",), skipped)
     if npys:
         return [], npys
     raise VitexportError(f"Data folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")

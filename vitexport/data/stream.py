@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..errors import VitexportError
-from .images import class_folders, decode_crop, find_inputs, is_labelled, normalise, select
+from .images import ImageError, Skipped, class_folders, decode_crop, find_inputs, is_labelled, normalise, select
 from .preprocess import Preprocess
 
 Progress = Callable[[int], None]  # called with the number of images just done
@@ -40,6 +40,7 @@ class ImageSet:
     classes: list[str] | None
     total: int  # images in the folder before --max-images
     npy: list[Path] = field(default_factory=list)  # .npy batches of preprocessed inputs instead of images
+    skipped: Skipped = field(default_factory=Skipped)  # files left out (listing, then decoding), and why
 
     def __len__(self) -> int:
         return len(self.files) if not self.npy else self.total
@@ -47,17 +48,18 @@ class ImageSet:
 
 def open_images(root: Path | str, max_images: int | None = None) -> ImageSet:
     """The images below `root` (an ImageFolder gives labels), or `max_images` of them spread evenly over it."""
-    root = Path(root)
-    files, npys = find_inputs(root)
+    root, skipped = Path(root), Skipped()
+    files, npys = find_inputs(root, skipped)
     if npys:
         return _npy_set(npys, str(root), max_images)
     subdirs = class_folders(root)
     labelled = is_labelled(root, files)
     total, files = len(files), select(files, max_images)
     if not labelled:
-        return ImageSet(str(root), files, None, None, total)
+        return ImageSet(str(root), files, None, None, total, skipped=skipped)
     index = {c: i for i, c in enumerate(subdirs)}
-    return ImageSet(str(root), files, np.array([index[f.parent.name] for f in files], np.int64), subdirs, total)
+    return ImageSet(str(root), files, np.array([index[f.parent.name] for f in files], np.int64), subdirs, total,
+                    skipped=skipped)
 
 
 def _npy_set(paths: list[Path], source: str, max_images: int | None) -> ImageSet:
@@ -79,24 +81,38 @@ def default_workers() -> int:
     return max(1, min(8, cores + 1))
 
 
-def decoded_crops(files: list[Path], pp: Preprocess, workers: int, chunk: int = 32,
-                  prefetch: int = 4) -> Iterator[np.ndarray]:
-    """(B, H, W, 3) uint8 crops of `files` in order, decoded by `workers` threads at most `prefetch` chunks ahead."""
-    def one_chunk(part: list[Path]) -> np.ndarray:
-        return np.stack([decode_crop(f, pp) for f in part])
+Decoded = tuple[np.ndarray, list[int], list[ImageError]]  # (B, H, W, 3) crops, their indices, the files left out
 
-    parts = [files[i:i + chunk] for i in range(0, len(files), chunk)]
+
+def decoded_crops(files: list[Path], pp: Preprocess, workers: int, chunk: int = 32,
+                  prefetch: int = 4) -> Iterator[Decoded]:
+    """The uint8 crops of `files` in order, chunk by chunk, decoded by `workers` threads at most `prefetch` chunks
+    ahead; with each chunk, the indices (into `files`) of its crops and the errors of the files that could not be
+    decoded (left out, for the caller to report)."""
+    h, w = pp.input_size
+
+    def one_chunk(start: int) -> Decoded:
+        crops, kept, errors = [], [], []
+        for i, f in enumerate(files[start:start + chunk], start):
+            try:
+                crops.append(decode_crop(f, pp))
+                kept.append(i)
+            except ImageError as e:
+                errors.append(e)
+        return (np.stack(crops) if crops else np.empty((0, h, w, 3), np.uint8)), kept, errors
+
+    starts = list(range(0, len(files), chunk))
     if workers <= 1:
-        yield from (one_chunk(p) for p in parts)
+        yield from (one_chunk(s) for s in starts)
         return
     pool = ThreadPoolExecutor(workers, thread_name_prefix="decode")
     try:
-        pending = [pool.submit(one_chunk, p) for p in parts[:prefetch * workers]]
+        pending = [pool.submit(one_chunk, s) for s in starts[:prefetch * workers]]
         nxt = len(pending)
         while pending:
             done = pending.pop(0).result()
-            if nxt < len(parts):
-                pending.append(pool.submit(one_chunk, parts[nxt]))
+            if nxt < len(starts):
+                pending.append(pool.submit(one_chunk, starts[nxt]))
                 nxt += 1
             yield done
     finally:  # a failure, Ctrl-C or a consumer that stops early: the chunks not started yet are dropped
@@ -116,7 +132,11 @@ class DecodeStats:
 
 class InputCache:
     """The preprocessed inputs of one run in a temporary folder: uint8 crops, or float32 arrays from .npy files.
-    `batches(b)` yields (start, (B, 3, H, W) float32) in order; close() (or `with`) removes the folder."""
+    `batches(b)` yields (start, (B, 3, H, W) float32) in order; close() (or `with`) removes the folder.
+
+    An image that cannot be decoded is left out and noted in `images.skipped`; `kept` holds the indices (into
+    `images.files`) of the inputs the cache holds, in order. None decodable: one sentence.
+    """
 
     def __init__(self, images: ImageSet, pp: Preprocess, workers: int | None = None, where: Path | None = None,
                  progress: Progress | None = None) -> None:
@@ -128,11 +148,16 @@ class InputCache:
         _check_room(where, self.n * self.item_bytes)
         self.dir = Path(tempfile.mkdtemp(prefix=".vitexport-inputs-", dir=where))
         self.path = self.dir / "inputs.bin"
+        self.kept = np.arange(self.n)
+        self._first_error: ImageError | None = None
         try:
             self.decode = self._fill(images, workers or default_workers(), progress)
         except BaseException:
             self.close()
             raise
+        if self.n == 0 and len(images):
+            self.close()
+            raise images.skipped.nothing_usable(len(images), images.source, self._first_error)
 
     def _fill(self, images: ImageSet, workers: int, progress: Progress | None) -> DecodeStats:
         t0 = time.perf_counter()
@@ -143,10 +168,16 @@ class InputCache:
                     if progress:
                         progress(len(a))
                 return DecodeStats(self.n, time.perf_counter() - t0, 0)
-            for crops in decoded_crops(images.files, self.pp, workers):
+            kept: list[int] = []
+            for crops, indices, errors in decoded_crops(images.files, self.pp, workers):
                 f.write(crops.tobytes())
+                kept += indices
+                for e in errors:
+                    images.skipped.add(e.path, e.kind, e.why)
+                    self._first_error = self._first_error or e
                 if progress:
-                    progress(len(crops))
+                    progress(len(indices) + len(errors))
+        self.kept, self.n = np.asarray(kept, np.int64), len(kept)
         return DecodeStats(self.n, time.perf_counter() - t0, workers)
 
     def _normalise(self, raw: np.ndarray) -> np.ndarray:

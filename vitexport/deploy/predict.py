@@ -21,8 +21,8 @@ import numpy as np
 from ..artifacts.folder import ModelFolder
 from ..artifacts.manifest import Manifest
 from ..backends.base import Runner
-from ..data.images import IMAGE_SUFFIXES, list_images, normalise
-from ..data.stream import decoded_crops, default_workers
+from ..data.images import IMAGE_SUFFIXES, Skipped, list_images, normalise
+from ..data.stream import Decoded, decoded_crops, default_workers
 from ..errors import BackendUnavailable, VitexportError
 from ..model.labels import class_names
 from ..paths import display_path
@@ -55,7 +55,11 @@ def collect_images(paths: Sequence[Path | str]) -> list[Path]:
         if not p.exists():
             raise VitexportError(f"{p} does not exist.")
         if p.is_dir():
-            found = list_images(p)
+            skipped = Skipped()
+            found = list_images(p, skipped)
+            if skipped:
+                raise VitexportError(f"{p} holds {len(skipped):,} file(s) that cannot be read safely: "
+                                     f"{skipped.details()}; remove or fix them, or name the images to predict.")
             if not found:
                 raise VitexportError(f"{p} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
             files += found
@@ -150,7 +154,7 @@ def iter_predictions(folder: ModelFolder, images: Sequence[Path | str], *, backe
     names, pp = class_names(manifest), manifest.preprocess
     files = collect_images(images)
     k = min(top_k, manifest.num_classes)
-    crops = decoded_crops(files, pp, workers or default_workers(), chunk=batch)
+    crops = _every_crop(decoded_crops(files, pp, workers or default_workers(), chunk=batch))
     first = next(crops)  # a bad first image fails before any runner is loaded
     runner = open_runner(folder, backend, precision, log)
     try:
@@ -161,6 +165,15 @@ def iter_predictions(folder: ModelFolder, images: Sequence[Path | str], *, backe
                 advance(len(chunk))
     finally:
         runner.close()
+
+
+def _every_crop(chunks: Iterator[Decoded]) -> Iterator[np.ndarray]:
+    """The crops of every image asked for: one the user named that cannot be decoded is its one sentence (a
+    prediction is asked of each file, so none is left out quietly)."""
+    for crops, _, errors in chunks:
+        if errors:
+            raise errors[0]
+        yield crops
 
 
 def predict(folder: ModelFolder, images: Sequence[Path | str], **kw) -> list[Prediction]:

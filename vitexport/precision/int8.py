@@ -10,14 +10,14 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from .. import __version__
-from ..data.images import IMAGE_SUFFIXES, iter_batches, list_images, select
+from ..data.images import IMAGE_SUFFIXES, ImageError, Skipped, decode_crop, list_files, list_images, normalise, select
 from ..errors import VitexportError
 from ..paths import sha256_file, write_text_atomic
 from ..progress import QUIET, Log
@@ -38,10 +38,27 @@ class CalibrationSet:
     files: list[Path]  # images, or .npy files
     count: int  # inputs (images, or rows of the .npy arrays)
     npy_rows: list[tuple[int, int]] | None = None  # (file index, row) per input, for .npy data
+    skipped: Skipped = field(default_factory=Skipped)  # what listing and decoding left out, and why
+    unreadable: int = 0  # chosen images that could not be decoded (the others are calibrated on)
+    first_error: ImageError | None = None
 
     def batches(self, preprocess, batch: int = CALIB_BATCH) -> Iterator[np.ndarray]:
+        """(B, 3, H, W) inputs, decoded only when asked for; an image that cannot be decoded is left out and
+        noted in `skipped` (it never stops a calibration of the others)."""
         if self.npy_rows is None:
-            yield from iter_batches(self.files, preprocess, batch)
+            crops: list[np.ndarray] = []
+            for f in self.files:
+                try:
+                    crops.append(decode_crop(f, preprocess))
+                except ImageError as e:
+                    self.skipped.add(f, e.kind, e.why)
+                    self.unreadable += 1
+                    self.first_error = self.first_error or e
+                if len(crops) == batch:
+                    yield normalise(np.stack(crops), preprocess)
+                    crops = []
+            if crops:
+                yield normalise(np.stack(crops), preprocess)
             return
         arrays = [np.load(f, mmap_mode="r", allow_pickle=False) for f in self.files]
         for i in range(0, len(self.npy_rows), batch):
@@ -60,11 +77,12 @@ def calibration_set(root: Path, preprocess, samples: int | None) -> CalibrationS
         return _npy_set(root.parent, [root], preprocess, samples)
     if not root.is_dir():
         raise VitexportError(f"{root} is neither a folder of images nor a .npy file.")
-    files = list_images(root)
+    skipped = Skipped()
+    files = list_images(root, skipped)
     if files:
         chosen = select(files, samples)
-        return CalibrationSet(root, chosen, len(chosen))
-    npys = sorted(root.rglob("*.npy"))
+        return CalibrationSet(root, chosen, len(chosen), skipped=skipped)
+    npys = list_files(root, (".npy",), skipped)
     if npys:
         return _npy_set(root, npys, preprocess, samples)
     raise VitexportError(f"Calibration folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)}) or .npy batches.")
@@ -95,12 +113,15 @@ def calibration_key(fp32_sha: str, data: CalibrationSet, preprocess: dict, setti
     for f in data.files:
         rel = f.relative_to(data.root) if f.is_relative_to(data.root) else Path(f.name)
         h.update(os.fsencode(rel))  # bytes, not text: names need not be valid UTF-8
-        h.update(bytes.fromhex(sha256_file(f)))
+        try:
+            h.update(bytes.fromhex(sha256_file(f)))
+        except OSError as e:  # unreadable: calibration leaves it out, and says so
+            h.update(f"unreadable:{e.errno}".encode())
     return h.hexdigest()[:32]
 
 
-def read_cached_ranges(cache: Path, needed: list[str], log: Log = QUIET) -> dict[str, float] | None:
-    """The cached ranges when the file is whole and covers `needed`; None (and a warning) when it is damaged."""
+def read_cached_ranges(cache: Path, needed: list[str], log: Log = QUIET) -> tuple[dict[str, float], dict] | None:
+    """(ranges, the cache's body) when the file is whole and covers `needed`; None (and a warning) when damaged."""
     if not cache.is_file():
         return None
     try:
@@ -113,11 +134,13 @@ def read_cached_ranges(cache: Path, needed: list[str], log: Log = QUIET) -> dict
     if not ok:
         log.warn(f"The calibration cache {cache.name} is damaged or incomplete: calibrating again.")
         return None
-    return {t: float(amax[t]) for t in needed}
+    return {t: float(amax[t]) for t in needed}, data
 
 
-def write_cached_ranges(cache: Path, amax: dict[str, float], method: str, samples: int) -> None:
-    body = {"format": CACHE_FORMAT, "method": method, "samples": samples, "amax": amax}
+def write_cached_ranges(cache: Path, amax: dict[str, float], method: str, samples: int,
+                        skipped: Skipped | None = None) -> None:
+    body = {"format": CACHE_FORMAT, "method": method, "samples": samples, "amax": amax,
+            "skipped": (skipped or Skipped()).to_dict(limit=100)}
     write_text_atomic(cache, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
@@ -131,20 +154,34 @@ def selection_for(fp32: Path, settings) -> GemmSelection:
 
 
 def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, selection: GemmSelection, settings,
-           cache: Path, log: Log) -> tuple[dict[str, float], bool]:
-    """(tensor -> amax, reused): from the cache when it is there and whole, else calibrated now and cached."""
+           cache: Path, log: Log) -> tuple[dict[str, float], bool, int]:
+    """(tensor -> amax, reused, inputs used): from the cache when it is there and whole, else calibrated now and
+    cached. Files that could not be used are said in a warning, from the cache too."""
     cached = read_cached_ranges(cache, selection.activations, log)
     if cached is not None:
+        amax, body = cached
         log.info(f"Reusing calibration cache {cache.name} (same model, data, preprocessing and method).")
-        return cached, True
+        skipped = body.get("skipped") if isinstance(body.get("skipped"), dict) else {}
+        if skipped.get("count"):
+            log.warn(f"The cached calibration left out {skipped['count']:,} file(s) of {data.root} that cannot be "
+                     f"read ({', '.join(f'{n} {k}' for k, n in skipped.get('kinds', {}).items())}).")
+        samples = body.get("samples")
+        return amax, True, samples if isinstance(samples, int) else data.count
     with log.step(f"Calibrating ({settings.method}) on {data.count} inputs, {len(selection.activations)} tensors"):
         with log.bar("calibrating", data.count) as tick:
-            stats = calibrate(fp32, selection.activations, data.batches(preprocess), input_name, settings.method,
-                              settings.percentile, tick=tick)
-    if stats.samples != data.count:
-        raise VitexportError(f"Calibration read {stats.samples} inputs, expected {data.count}.")
-    write_cached_ranges(cache, stats.amax, settings.method, stats.samples)
-    return stats.amax, False
+            try:
+                stats = calibrate(fp32, selection.activations, data.batches(preprocess), input_name, settings.method,
+                                  settings.percentile, tick=tick)
+            except VitexportError:
+                if data.unreadable and data.unreadable == data.count:
+                    raise data.skipped.nothing_usable(data.count, str(data.root), data.first_error) from None
+                raise
+    if data.skipped:
+        log.warn(data.skipped.summary(str(data.root)) + f" Calibrated on the other {stats.samples:,}.")
+    if stats.samples != data.count - data.unreadable:
+        raise VitexportError(f"Calibration read {stats.samples} inputs, expected {data.count - data.unreadable}.")
+    write_cached_ranges(cache, stats.amax, settings.method, stats.samples, data.skipped)
+    return stats.amax, False, stats.samples
 
 
 def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]) -> dict:

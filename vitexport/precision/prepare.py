@@ -130,15 +130,15 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
     selection = selection_for(fp32, settings)
     with log.step(f"Hashing {data.count} calibration inputs for the cache key"):
         key = calibration_key(fp32_sha, data, manifest.preprocess.to_dict(), settings.to_dict())
-    amax, reused = ranges(fp32, data, manifest.preprocess, manifest.input_name, selection, settings,
-                          folder.calib_cache(key), log)
+    amax, reused, used = ranges(fp32, data, manifest.preprocess, manifest.input_name, selection, settings,
+                                folder.calib_cache(key), log)
     with log.step(f"Writing {folder.onnx(kind).name} ({len(selection.nodes)} INT8 GEMMs)"):
         record.qdq = write_int8(kind, fp32, dst, selection, amax)
     s = settings.to_dict()
     record.calibration = CalibrationRecord(
-        key=key, method=settings.method, samples=data.count, data=str(calib_root.resolve()),
+        key=key, method=settings.method, samples=used, data=str(calib_root.resolve()),
         requested_samples=opts.samples, percentile=s["percentile"], quantize_attention=s["quantize_attention"],
-        exclude_nodes=s["exclude_nodes"], exclude_blocks=s["exclude_blocks"])
+        exclude_nodes=s["exclude_nodes"], exclude_blocks=s["exclude_blocks"], skipped=data.count - used)
     return key, reused
 
 

@@ -109,4 +109,8 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
     d = inputs.decode
     log.info(f"Decoded {d.images:,} inputs in {d.seconds:.1f}s ({d.images / max(d.seconds, 1e-9):,.0f}/s)"
              + (f", labels from {len(images.classes or [])} class folders" if labels is not None else ""))
+    if images.skipped:
+        log.warn(images.skipped.summary(images.source) + f" Every backend is judged on the other {inputs.n:,}.")
+    if labels is not None and inputs.n < len(images):
+        labels = labels[inputs.kept]  # the labels of the images the cache holds
     return ValidationSet(images, inputs, labels)
