@@ -1,13 +1,16 @@
-"""One writer per model folder at a time, temporaries that stay inside the folder, and the leftovers of a run
-that was killed.
+"""One writer per model folder at a time, readers that see a consistent folder, temporaries that stay inside the
+folder, and the leftovers of a run that was killed.
 
     with writing(folder, log):   # every step that writes into a model folder (ensure, export, info --clean)
+        ...
+    with reading(folder, log):   # a step that checks files and then uses them (bench, predict, triton, checks)
         ...
 
 - **The lock**: `.vitexport.lock` (filelock: an OS lock, released by the kernel when its holder dies). A second
   writer waits, saying who holds it (pid and command, from `.vitexport.owner`), and gives up after
   `lock_timeout()` seconds (`--lock-timeout`, `$VITEXPORT_LOCK_TIMEOUT`) with one sentence. Nested `writing` of the
-  same folder in one process is free.
+  same folder in one process is free. Readers hold a shared flock on the same file while they check and use the
+  files: they never wait for each other, a writer waits for them, and they wait for a writer.
 - **Temporaries**: while the lock is held, `tempfile` (and so every library that asks it, e.g. ONNX Runtime's
   quantizer) makes its files in a hidden `.vx<pid>-tmp*` folder inside the model folder, removed on the way out.
 - **Leftovers**: every temporary a step makes is named `.<file>.vx<pid>-*` (paths.atomic_path). A run that gets
@@ -41,6 +44,7 @@ _LEGACY_PREFIXES = (".export-", ".staging-", "vitexport-quant-", "ort.quant.")  
 
 _timeout_override: float | None = None
 _held: dict[str, "_Session"] = {}  # resolved folder path -> this process's session on it
+_reading: dict[str, int] = {}  # resolved folder path -> the descriptor of this process's shared lock on it
 
 
 def set_lock_timeout(seconds: float | None) -> None:
@@ -183,14 +187,15 @@ def _acquire(folder: ModelFolder, log: Log, required: bool = True):
         if not required:
             return None
         raise VitexportError(f"Cannot write in {folder.path}: {write_reason(e)}.") from None
-    owner, timeout = _owner(folder), lock_timeout()
-    log.warn(f"{folder.path} is being written by {owner}; waiting for it to finish (at most {timeout:g} s, "
-             f"see --lock-timeout).")
+    timeout = lock_timeout()
+    busy = f"being written by {_owner(folder)}" if folder.owner_path.exists() else \
+        "in use by another vitexport run that reads it (bench, predict, a check)"
+    log.warn(f"{folder.path} is {busy}; waiting for it to finish (at most {timeout:g} s, see --lock-timeout).")
     try:
         lock.acquire(timeout=timeout)
     except Timeout:
-        raise VitexportError(f"{folder.path} is still being written by {owner} after {timeout:g} s; let that run "
-                             f"finish (or stop it) and try again, or wait longer with --lock-timeout.") from None
+        raise VitexportError(f"{folder.path} is still {busy} after {timeout:g} s; let that run finish (or stop it) "
+                             f"and try again, or wait longer with --lock-timeout.") from None
     return lock
 
 
@@ -217,6 +222,8 @@ def writing(folder: ModelFolder, log: Log = QUIET, temporaries: bool = True) -> 
         finally:
             _held[key].depth -= 1
         return
+    if key in _reading:
+        raise RuntimeError(f"writing {folder.path} while this process reads it: the lock cannot be upgraded")
     lock = _acquire(folder, log)
     try:
         _write_owner(folder)
@@ -258,14 +265,56 @@ def is_writing(folder: ModelFolder) -> bool:
 
 @contextmanager
 def reading(folder: ModelFolder, log: Log = QUIET) -> Iterator[list[Debris]]:
-    """Wait for a writer to finish, then read a consistent folder (without the lock where it cannot be taken,
-    e.g. a read-only folder). Yields the leftovers found, for the caller to report."""
-    if is_writing(folder):
+    """Read a consistent folder: wait for a writer to finish, then hold a shared lock meanwhile, so that no writer
+    replaces a file between its check and its use; readers do not wait for each other. Without the lock where no
+    lock file can be opened (a read-only folder never written: no writer either). Yields the leftovers found, for
+    the caller to report."""
+    key = str(folder.path.resolve())
+    if is_writing(folder) or key in _reading:
         yield find_debris(folder)
         return
-    lock = _acquire(folder, log, required=False)  # None: no lock file can be made here, so no writer either
+    fd = _acquire_shared(folder, log)
+    if fd is not None:
+        _reading[key] = fd
     try:
         yield find_debris(folder)
     finally:
-        if lock is not None:
-            lock.release()
+        if fd is not None:
+            del _reading[key]
+            os.close(fd)  # releases the shared lock
+
+
+def _acquire_shared(folder: ModelFolder, log: Log) -> int | None:
+    """A shared flock on the folder's lock file (the one filelock holds exclusively for a writer), waited for."""
+    import fcntl
+
+    fd = None
+    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+        try:
+            fd = os.open(folder.lock_path, flags | os.O_CLOEXEC, 0o644)
+            break
+        except OSError:
+            continue
+    if fd is None:
+        return None
+    deadline, warned = None, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        except OSError:  # a file system without flock: nothing to share with
+            os.close(fd)
+            return None
+        if deadline is None:
+            owner, timeout = _owner(folder), lock_timeout()
+            deadline = time.monotonic() + timeout
+            log.warn(f"{folder.path} is being written by {owner}; waiting for it to finish (at most {timeout:g} s, "
+                     f"see --lock-timeout).")
+            warned = True
+        if time.monotonic() >= deadline:
+            os.close(fd)
+            raise VitexportError(f"{folder.path} is still being written by {owner} after {timeout:g} s; let that "
+                                 f"run finish (or stop it) and try again, or wait longer with --lock-timeout.")
+        time.sleep(0.05 if warned and time.monotonic() + 1 < deadline else 0.01)

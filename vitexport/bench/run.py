@@ -254,16 +254,17 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
     if any(b < 1 for b in batches):
         raise VitexportError("Batch sizes must be at least 1.")
     check_batches(manifest.config, batches, f"{manifest.variant} at {manifest.img_size[0]}x{manifest.img_size[1]}")
-    with reading(folder, log) as debris:  # verified once no other run is writing the folder
+    with reading(folder, log) as debris:  # no other run writes the folder from the check to the last row
+        manifest = folder.read_manifest()  # as it is now that no writer holds the folder
         checks = [c for c in check_folder(folder, manifest) if c.status != MISSING]
-    if dead := [d for d in debris if not d.alive]:
-        log.warn(f"{folder.path} holds {len(dead)} leftover(s) of an interrupted run; `vitexport info --clean "
-                 f"{folder.path}` removes them.")
-    vset = _open_inputs(manifest, opts, log)
-    try:
-        return _bench(folder, manifest, vset, checks, threads, gpu, batches, opts, t_start, log)
-    finally:
-        vset.close()
+        if dead := [d for d in debris if not d.alive]:
+            log.warn(f"{folder.path} holds {len(dead)} leftover(s) of an interrupted run; `vitexport info --clean "
+                     f"{folder.path}` removes them.")
+        vset = _open_inputs(manifest, opts, log)
+        try:
+            return _bench(folder, manifest, vset, checks, threads, gpu, batches, opts, t_start, log)
+        finally:
+            vset.close()
 
 
 def _bench(folder: ModelFolder, manifest: Manifest, vset: ValidationSet, checks: list[FileCheck], threads: int,

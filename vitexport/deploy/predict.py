@@ -20,6 +20,7 @@ import numpy as np
 
 from ..artifacts.folder import ModelFolder
 from ..artifacts.manifest import Manifest
+from ..artifacts.workspace import reading
 from ..backends.base import Runner
 from ..data.images import IMAGE_SUFFIXES, Skipped, list_images, normalise
 from ..data.stream import Decoded, decoded_crops, default_workers
@@ -156,7 +157,8 @@ def iter_predictions(folder: ModelFolder, images: Sequence[Path | str], *, backe
     k = min(top_k, manifest.num_classes)
     crops = _every_crop(decoded_crops(files, pp, workers or default_workers(), chunk=batch))
     first = next(crops)  # a bad first image fails before any runner is loaded
-    runner = open_runner(folder, backend, precision, log)
+    with reading(folder, log):  # no other run replaces the file between its check and its loading
+        runner = open_runner(folder, backend, precision, log)
     try:
         with log.bar("predicting", len(files)) as advance:
             for start, chunk in zip(range(0, len(files), batch), itertools.chain([first], crops)):
