@@ -182,7 +182,7 @@ def _acquire(folder: ModelFolder, log: Log, required: bool = True):
     except OSError as e:
         if not required:
             return None
-        raise VitexportError(f"Cannot write in {folder.path}: {write_reason(e)}.") from None
+        raise VitexportError(f"Cannot write in {folder.path}: {write_reason(e, folder.path)}.") from None
     owner, timeout = _owner(folder), lock_timeout()
     log.warn(f"{folder.path} is being written by {owner}; waiting for it to finish (at most {timeout:g} s, "
              f"see --lock-timeout).")
