@@ -5,10 +5,14 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from .errors import VitexportError
 
 _PKG_PARENT = Path(__file__).resolve().parents[1]
 DIGITS_VARIANT = "vit_digits_patch4_32"  # the variant of the shipped digits checkpoint (model.variants)
@@ -67,16 +71,64 @@ def staging_prefix(name: str) -> str:
     return f".{name}.{STAGING_MARK}{os.getpid()}-"
 
 
-def write_reason(e: OSError) -> str:
-    """Why a write failed, in words (no file name: the caller names the file the user knows)."""
-    return _WRITE_ERRNOS.get(e.errno or 0) or (e.strerror or str(e)).rstrip(".")
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # the sentence says which file system, and what it has left
+FILE_SYSTEM_LIMITS = (errno.EFBIG, *_FULL_ERRNOS, errno.EROFS)  # the same for any file written there
+OUT_OF_SPACE = 1 << 20  # bytes: a file system with less free is full (a write failed there for want of room)
+
+
+def mount_point(path: Path | str) -> Path:
+    """Where the file system holding `path` (or the nearest folder above it that exists) is mounted: the highest
+    folder above it on the same device."""
+    path = Path(path).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    device = path.stat().st_dev
+    while path != path.parent and path.parent.stat().st_dev == device:
+        path = path.parent
+    return path
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def file_system_space(path: Path | str) -> str:
+    """'the file system mounted at /data holds 12.3 MB free', for the file system holding `path` ('' when that
+    cannot be told)."""
+    try:
+        mount = mount_point(path)
+        return f"the file system mounted at {mount} holds {_size(shutil.disk_usage(mount).free)} free"
+    except OSError:
+        return ""
+
+
+def out_of_space(path: Path | str) -> bool:
+    """Whether the file system holding `path` is full (less than OUT_OF_SPACE free): what a write that failed
+    without saying why (a library's own C++ stream) ran into there."""
+    try:
+        return shutil.disk_usage(mount_point(path)).free < OUT_OF_SPACE
+    except OSError:
+        return False
+
+
+def write_reason(e: OSError, where: Path | str | None = None) -> str:
+    """Why a write failed, in words (no file name: the caller names the file the user knows); a full disk or
+    quota also says which file system holds `where` and what it has left."""
+    why = _WRITE_ERRNOS.get(e.errno or 0) or (e.strerror or str(e)).rstrip(".")
+    space = file_system_space(where) if where is not None and e.errno in _FULL_ERRNOS else ""
+    return f"{why} ({space})" if space else why
 
 
 def write_error(final: Path, e: OSError) -> "VitexportError":
-    """One sentence about a failed write that names the file the user asked for, not a hidden temporary."""
+    """One sentence about a failed write that names the file the user asked for, not a hidden temporary (and,
+    when the disk is full, the file system)."""
     from .errors import VitexportError
 
-    return VitexportError(f"Could not write {final}: {write_reason(e)}.")
+    return VitexportError(f"Could not write {final}: {write_reason(e, Path(final).parent)}.")
 
 
 def _is_write_failure(e: OSError, paths: tuple[Path, ...]) -> bool:
@@ -108,6 +160,7 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
         os.replace(tmp_path, final)
     except OSError as e:
         if _is_write_failure(e, (tmp_path, final)):
+            tmp_path.unlink(missing_ok=True)  # first: the space a full disk has left is said without it
             raise write_error(final, e) from e
         raise
     finally:

@@ -186,7 +186,7 @@ def _acquire(folder: ModelFolder, log: Log, required: bool = True):
     except OSError as e:
         if not required:
             return None
-        raise VitexportError(f"Cannot write in {folder.path}: {write_reason(e)}.") from None
+        raise VitexportError(f"Cannot write in {folder.path}: {write_reason(e, folder.path)}.") from None
     timeout = lock_timeout()
     busy = f"being written by {_owner(folder)}" if folder.owner_path.exists() else \
         "in use by another vitexport run that reads it (bench, predict, a check)"

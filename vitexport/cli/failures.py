@@ -65,13 +65,12 @@ def public_path(name: str | os.PathLike | None) -> str:
 
 
 def _os_error_sentence(e: OSError) -> str:
-    import errno
-
-    from ..paths import write_reason
+    from ..paths import FILE_SYSTEM_LIMITS, write_reason
 
     where = public_path(e.filename)
-    # the file system's limits read the same for any file; permissions are said as the system says them
-    why = write_reason(e) if e.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT, errno.EROFS) else \
+    # the file system's limits read the same for any file (a full one is named); permissions are said as the
+    # system says them
+    why = write_reason(e, Path(where).parent if where else None) if e.errno in FILE_SYSTEM_LIMITS else \
         (e.strerror or str(e)).rstrip(".").lower()
     return f"{where}: {why}." if where else f"{why[:1].upper()}{why[1:]}."
 

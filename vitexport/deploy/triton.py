@@ -18,14 +18,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from ..artifacts.folder import TRITON_LABELS, ModelFolder, TritonModelFolder, external_data_of
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..model.labels import class_names
-from ..paths import sha256_file
+from ..paths import FILE_SYSTEM_LIMITS, sha256_file, write_error
 from ..progress import QUIET, Log
 
 FORMATS = {"onnx": "onnxruntime_onnx", "plan": "tensorrt_plan"}  # --format -> Triton's platform
@@ -205,18 +207,37 @@ def _check_existing(target: TritonModelFolder, model_sha: str, force: bool) -> N
                          f"write this one beside it.")
 
 
-def _stage_model(staging: TritonModelFolder, opts: TritonOptions, model: Path, pp: Preprocess) -> Path:
+@contextmanager
+def _writing(final: Path, staging: Path | None = None) -> Iterator[None]:
+    """A write the file system refuses (full disk, quota, file-size limit, read-only), or a write() that names no
+    file, is one sentence naming `final`, the file as it will lie in the repository: not its staged copy, nor the
+    file it is copied from (which shutil names). The staging folder is removed first, so that the space a full
+    disk has left is said without it."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in FILE_SYSTEM_LIMITS and e.filename is not None:
+            raise
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise write_error(final, e) from e
+
+
+def _stage_model(staging: TritonModelFolder, target: TritonModelFolder, opts: TritonOptions, model: Path,
+                 pp: Preprocess) -> Path:
     """The model file in the staging folder: a copy (an ONNX keeps its external data's name beside it), or the
     graph behind a uint8 input."""
-    staging.version_dir.mkdir(parents=True)
     staged = staging.model(opts.format)
-    if opts.uint8_input:
-        pixel_input_graph(model, staged, pp)
-        return staged
-    shutil.copyfile(model, staged)
+    with _writing(target.model(opts.format), staging.path):
+        staging.version_dir.mkdir(parents=True)
+        if opts.uint8_input:
+            pixel_input_graph(model, staged, pp)
+            return staged
+        shutil.copyfile(model, staged)
     data = external_data_of(model)
     if opts.format == "onnx" and data.is_file():
-        shutil.copyfile(data, staging.version_dir / data.name)
+        with _writing(target.version_dir / data.name, staging.path):
+            shutil.copyfile(data, staging.version_dir / data.name)
     return staged
 
 
@@ -254,9 +275,10 @@ def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log
         raise VitexportError(f"{repo} exists and is not a folder.")
     model, describing, plan_max = (_plan_source if opts.format == "plan" else _onnx_source)(folder, opts, log)
     repo.mkdir(parents=True, exist_ok=True)
-    staging = TritonModelFolder(tempfile.mkdtemp(prefix=f".{name}.", suffix=".staging", dir=repo))
+    with _writing(target.path):
+        staging = TritonModelFolder(tempfile.mkdtemp(prefix=f".{name}.", suffix=".staging", dir=repo))
     try:
-        staged = _stage_model(staging, opts, model, manifest.preprocess)
+        staged = _stage_model(staging, target, opts, model, manifest.preprocess)
         _check_existing(target, sha256_file(staged), opts.force)
         inputs, outputs, batched = graph_io(staged if opts.format == "onnx" else describing)
         # a graph with a fixed batch axis gets max_batch_size 0: Triton passes whole tensors through
@@ -267,8 +289,10 @@ def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log
         config = render_config(name, FORMATS[opts.format], max_batch, inputs, outputs, opts.instances, kind,
                                label_output if labels else None)
         if labels and label_output:
-            staging.labels.write_text("\n".join(labels) + "\n")
-        staging.config.write_text(config)
+            with _writing(target.labels, staging.path):
+                staging.labels.write_text("\n".join(labels) + "\n")
+        with _writing(target.config, staging.path):
+            staging.config.write_text(config)
         _swap_in(staging.path, target.path)
     finally:
         shutil.rmtree(staging.path, ignore_errors=True)

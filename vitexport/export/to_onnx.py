@@ -132,21 +132,34 @@ def staged_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_O
         data_path.unlink()  # left by an earlier, larger export of this name
 
 
+@contextmanager
+def _writes(path: Path) -> Iterator[None]:
+    """A write() that fails names no file: give it `path` (a temporary), so that its atomic_path names the file it
+    is for, graph or external data, in one sentence (a full disk: with the file system)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
+
+
 def _save(proto, path: Path, data_path: Path | None) -> None:
-    """Write (and check) a graph; its weights go to `data_path` when given."""
+    """Write (and check) a graph; its weights go to `data_path` first when given (onnx.save_model's own steps)."""
     import onnx
+    from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
     try:
         if data_path is not None:
-            onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_path.name, size_threshold=1024)
-        else:
+            convert_model_to_external_data(proto, all_tensors_to_one_file=True, location=data_path.name,
+                                           size_threshold=1024)
+            with _writes(data_path):
+                write_external_data_tensors(proto, str(path.parent))
+        with _writes(path):
             onnx.save_model(proto, path)
         onnx.checker.check_model(str(path))  # by path: works for external data
     except onnx.checker.ValidationError as e:
         raise VitexportError(f"The exported ONNX failed onnx.checker: {str(e).splitlines()[0]}") from None
-    except OSError as e:
-        raise VitexportError(f"Could not write {path}: {e.strerror or e}.") from None
 
 
 def _relink_external_data(onnx_path: Path, location: str) -> None:
@@ -158,4 +171,5 @@ def _relink_external_data(onnx_path: Path, location: str) -> None:
         for entry in init.external_data:
             if entry.key == "location":
                 entry.value = location
-    onnx.save_model(proto, str(onnx_path))
+    with _writes(onnx_path):
+        onnx.save_model(proto, str(onnx_path))

@@ -13,6 +13,7 @@ made from, so an IR whose .bin is missing, cut short, or comes from another mode
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import xml.etree.ElementTree as ET
@@ -26,7 +27,7 @@ from ..backends.openvino_backend import INSTALL_COMMAND, OpenVinoRunner, first_l
 from ..backends.ort_session import create_session, session_infer
 from ..errors import BackendUnavailable, ParityError, VitexportError
 from ..parity.compare import ParityVerdict, Thresholds, describe, judge
-from ..paths import default_heldout_dir, display_path, sha256_file, staging_prefix
+from ..paths import default_heldout_dir, display_path, out_of_space, sha256_file, staging_prefix, write_error
 from ..precision.prepare import PrecisionResult
 from ..precision.settings import CalibOptions
 from ..progress import QUIET, Log
@@ -82,13 +83,24 @@ def _openvino() -> Any:
         raise BackendUnavailable(f"OpenVINO is not installed; install it with `{INSTALL_COMMAND}`.") from None
 
 
-def write_ir(onnx_path: Path, xml: Path, fp16_weights: bool) -> str:
-    """Convert an ONNX file and save it as `xml` + its .bin; returns OpenVINO's version."""
+def write_ir(onnx_path: Path, xml: Path, fp16_weights: bool, final: Path | None = None) -> str:
+    """Convert an ONNX file and save it as `xml` + its .bin (a temporary for `final`); returns OpenVINO's version."""
     ov = _openvino()
     try:
-        ov.save_model(ov.convert_model(str(onnx_path)), str(xml), compress_to_fp16=fp16_weights)
+        model = ov.convert_model(str(onnx_path))
     except Exception as e:  # OpenVINO's frontends raise RuntimeError / OpConversionFailure
         raise VitexportError(f"OpenVINO could not convert {Path(onnx_path).name}: {first_line(e)}") from None
+    try:
+        ov.save_model(model, str(xml), compress_to_fp16=fp16_weights)
+    except Exception as e:  # its serializer's C++ stream fails without the system's reason ('iostream error')
+        final = Path(final or xml)
+        full = out_of_space(xml)
+        for half in (xml, ir_weights_of(xml)):
+            half.unlink(missing_ok=True)  # first: the space a full disk has left is said without them
+        if full:
+            raise write_error(final, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from None
+        raise VitexportError(f"OpenVINO could not write {final} ({first_line(e)}); is {final.parent} writable, "
+                             f"with room for the IR?") from None
     return str(ov.__version__)
 
 
@@ -164,7 +176,7 @@ def _convert(folder: ModelFolder, kind: str, calib: CalibOptions, manifest: Mani
     try:
         fp16 = precision == "fp16"
         with log.step(f"Converting {source.name} to OpenVINO IR{' with FP16 weights' if fp16 else ''}"):
-            version = write_ir(source, tmp_xml, fp16)
+            version = write_ir(source, tmp_xml, fp16, final=xml)
         check_ir_files(tmp_xml)
         verdict = None
         if held is not None:
