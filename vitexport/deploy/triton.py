@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Iterator
 
 from ..artifacts.folder import TRITON_LABELS, ModelFolder, TritonModelFolder, external_data_of
+from ..artifacts.verify import require
+from ..artifacts.workspace import reading
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..model.labels import class_names
@@ -278,7 +280,9 @@ def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log
     with _writing(target.path):
         staging = TritonModelFolder(tempfile.mkdtemp(prefix=f".{name}.", suffix=".staging", dir=repo))
     try:
-        staged = _stage_model(staging, target, opts, model, manifest.preprocess)
+        with reading(folder, log):  # no other run replaces the file between its check and its copy
+            require(folder, f"plan:{opts.precision}" if opts.format == "plan" else opts.precision)
+            staged = _stage_model(staging, target, opts, model, manifest.preprocess)
         _check_existing(target, sha256_file(staged), opts.force)
         inputs, outputs, batched = graph_io(staged if opts.format == "onnx" else describing)
         # a graph with a fixed batch axis gets max_batch_size 0: Triton passes whole tensors through
