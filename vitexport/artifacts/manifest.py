@@ -149,7 +149,7 @@ class CalibrationRecord:
         return {"key": self.key, "method": self.method, "samples": self.samples, "data": self.data,
                 "requested_samples": self.requested_samples, "percentile": self.percentile,
                 "quantize_attention": self.quantize_attention, "exclude_nodes": list(self.exclude_nodes),
-                "exclude_blocks": list(self.exclude_blocks), "skipped": self.skipped}
+                "exclude_blocks": list(self.exclude_blocks), **({"skipped": self.skipped} if self.skipped else {})}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "CalibrationRecord":

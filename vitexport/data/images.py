@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import VitexportError
 from .preprocess import Preprocess
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 _FILTERS = {"bicubic": 3, "bilinear": 2, "nearest": 0, "lanczos": 1}  # PIL.Image.Resampling values
 
 
