@@ -1,9 +1,17 @@
-"""A stand-in `tensorrt` module: just the names vitexport calls, recording what it is given.
+"""A stand-in `tensorrt` module: just the names vitexport calls, checking and recording what it is given.
 
 Injected into sys.modules by tests (`install(monkeypatch)`), so trt_build and the TensorRT runner run on a machine
 without TensorRT. It mirrors the Python API's shape (names as in TensorRT 10.12/11.1 python/src/infer/pyCore.cpp),
-not its behaviour: the build calls the progress monitor for `STEPS` steps and returns `PLAN`, or what `on_build`
-returns.
+and enough of its behaviour that a wrong call shows:
+
+- the build calls the progress monitor for `STEPS` steps and returns `PLAN` (or what `on_build` returns), and
+  records each build's profile, workspace limit, cleared flags and timing cache in `builds`; a profile whose
+  min <= opt <= max does not hold is refused as TensorRT refuses it (add_optimization_profile returns -1);
+- the parser fails with `PARSE_ERRORS` when a test sets them; `TIMING_CACHE` = 'corrupt' makes reading a cache
+  raise, 'foreign' makes the builder reject it, as TensorRT does for another GPU or version;
+- an execution context runs only on buffers a test registered (`register(tensor)`, as its stand-in CUDA stream
+  allocates them) of the shapes the engine expects at the input and output addresses, and writes
+  `logits_of(input)` into the output buffer: swapped or stale addresses fail instead of passing unnoticed.
 """
 
 from __future__ import annotations
@@ -85,7 +93,26 @@ PLAN = b"fake-plan"
 on_build: Callable[[Any, Any], Any] | None = None  # (logger, monitor) -> plan bytes or None, instead of the default
 on_step: Callable[[int], None] | None = None  # called before each step is reported
 ENGINE_INFO = '{"Layers": [], "Bindings": []}'
+PARSE_ERRORS: list[str] = []  # the parser's errors: parse_from_file fails with them
+TIMING_CACHE = "ok"  # 'corrupt': create_timing_cache raises on a file's bytes; 'foreign': set_timing_cache refuses
+ENGINE_PROFILE = ((1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32))  # what a deserialized engine reports
 created: dict[str, list[Any]] = {"builders": [], "parsers": [], "runtimes": [], "contexts": []}
+builds: list[dict[str, Any]] = []  # per build_serialized_network: what the builder config held
+buffers: dict[int, Any] = {}  # data_ptr -> tensor: device memory, as the test's stand-in stream allocated it
+
+
+def register(tensor: Any) -> Any:
+    """Make `tensor` a buffer an execution context may be given (by its data_ptr())."""
+    buffers[int(tensor.data_ptr())] = tensor
+    return tensor
+
+
+def logits_of(x: Any) -> Any:
+    """What the stand-in engine computes for a (B, 3, H, W) batch: (B, 10) float32 that depend on every image."""
+    import numpy as np
+
+    flat = np.asarray(x, np.float64).reshape(len(x), -1)
+    return (flat.mean(1)[:, None] * np.arange(1, 11) + flat.std(1)[:, None]).astype(np.float32)
 
 
 class _Tensor:
@@ -105,6 +132,9 @@ class _Network:
 
 
 class _TimingCache:
+    def __init__(self, data: bytes = b"") -> None:
+        self.data = data
+
     def serialize(self) -> bytes:
         return b"timing-cache"
 
@@ -115,29 +145,49 @@ class _Config:
         self.profiling_verbosity = ProfilingVerbosity.LAYER_NAMES_ONLY
         self.builder_optimization_level = 3
         self.cleared: list[Any] = []
+        self.pool_limits: dict[Any, int] = {}
+        self.profiles: list[_Profile] = []
+        self.timing_cache: _TimingCache | None = None
 
     def set_memory_pool_limit(self, pool: Any, size: int) -> None:
-        pass
+        self.pool_limits[pool] = size
 
     def clear_flag(self, flag: Any) -> None:
         self.cleared.append(flag)
 
-    def add_optimization_profile(self, profile: Any) -> int:
-        return 0
+    def add_optimization_profile(self, profile: _Profile) -> int:
+        if not profile.valid():
+            return -1  # TensorRT: an invalid profile is not added
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
 
     def create_timing_cache(self, data: bytes) -> _TimingCache:
-        return _TimingCache()
+        if data and TIMING_CACHE == "corrupt":
+            raise RuntimeError("TimingCache: corrupted serialized cache")
+        return _TimingCache(bytes(data))
 
-    def set_timing_cache(self, cache: Any, ignore_mismatch: bool = False) -> bool:
+    def set_timing_cache(self, cache: _TimingCache, ignore_mismatch: bool = False) -> bool:
+        if cache.data and TIMING_CACHE == "foreign" and not ignore_mismatch:
+            return False
+        self.timing_cache = cache
         return True
 
     def get_timing_cache(self) -> _TimingCache:
-        return _TimingCache()
+        assert self.timing_cache is not None, "get_timing_cache before set_timing_cache"
+        return self.timing_cache
 
 
 class _Profile:
+    shapes: tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
+
     def set_shape(self, name: str, mn: Any, op: Any, mx: Any) -> None:
-        self.shapes = (name, mn, op, mx)
+        self.shapes = (name, tuple(mn), tuple(op), tuple(mx))
+
+    def valid(self) -> bool:
+        if self.shapes is None:
+            return False
+        _, mn, op, mx = self.shapes
+        return len(mn) == len(op) == len(mx) and all(a <= b <= c for a, b, c in zip(mn, op, mx))
 
 
 class _HostMemory:
@@ -166,6 +216,10 @@ class Builder:
         return _Profile()
 
     def build_serialized_network(self, network: _Network, config: _Config) -> _HostMemory | None:
+        assert config.profiles, "a network with a dynamic batch axis needs an optimization profile"
+        builds.append({"profile": config.profiles[0].shapes, "workspace": config.pool_limits.get(
+            MemoryPoolType.WORKSPACE), "cleared": list(config.cleared), "timing_cache": config.timing_cache,
+            "opt_level": config.builder_optimization_level})
         monitor = config.progress_monitor
         if on_build is not None:
             plan = on_build(self.logger, monitor)
@@ -181,40 +235,63 @@ class Builder:
         return _HostMemory(PLAN)
 
 
-class OnnxParser:
-    num_errors = 0
+class _ParserError:
+    def __init__(self, text: str) -> None:
+        self.text = text
 
+    def __str__(self) -> str:
+        return self.text
+
+
+class OnnxParser:
     def __init__(self, network: _Network, logger: ILogger) -> None:
         self.logger = logger
         created["parsers"].append(self)
 
-    def parse_from_file(self, path: str) -> bool:
-        return True
+    @property
+    def num_errors(self) -> int:
+        return len(PARSE_ERRORS)
 
-    def get_error(self, i: int) -> str:
-        return ""
+    def parse_from_file(self, path: str) -> bool:
+        return not PARSE_ERRORS
+
+    def get_error(self, i: int) -> _ParserError:
+        return _ParserError(PARSE_ERRORS[i])
 
 
 class _Context:
     def __init__(self) -> None:
         self.enqueued_on: list[int] = []
         self.addresses: dict[str, int] = {}
-        self.batch = 1
+        self.input_shape: tuple[int, ...] | None = None
         created["contexts"].append(self)
 
     def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
-        self.batch = shape[0]
+        mn, _, mx = ENGINE_PROFILE
+        if name != "pixel_values" or len(shape) != 4 or not all(a <= b <= c for a, b, c in zip(mn, shape, mx)):
+            return False  # outside the engine's profile: TensorRT refuses the shape
+        self.input_shape = tuple(shape)
         return True
 
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
-        return (self.batch, 10)
+        assert self.input_shape is not None, "get_tensor_shape before set_input_shape"
+        return (self.input_shape[0], 10) if name == "logits" else self.input_shape
 
     def set_tensor_address(self, name: str, ptr: int) -> bool:
         self.addresses[name] = ptr
         return True
 
     def execute_async_v3(self, stream_handle: int) -> bool:
+        """Run on the registered buffers at the addresses given: False (TensorRT's failure) when one is not a
+        buffer of the right shape, as a swapped or stale address would be."""
+        import torch
+
         self.enqueued_on.append(stream_handle)
+        x, out = buffers.get(self.addresses.get("pixel_values", -1)), buffers.get(self.addresses.get("logits", -1))
+        if x is None or out is None or self.input_shape is None or tuple(x.shape) != self.input_shape or \
+                tuple(out.shape) != (self.input_shape[0], 10):
+            return False
+        out.copy_(torch.from_numpy(logits_of(x.float().numpy())))
         return True
 
 
@@ -234,7 +311,7 @@ class _Engine:
         return TensorIOMode.INPUT if name == "pixel_values" else TensorIOMode.OUTPUT
 
     def get_tensor_profile_shape(self, name: str, profile: int) -> tuple[tuple[int, ...], ...]:
-        return (1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32)
+        return ENGINE_PROFILE
 
     def get_tensor_dtype(self, name: str) -> DataType:
         return DataType.FLOAT
@@ -264,8 +341,12 @@ def install(monkeypatch: Any) -> types.ModuleType:
     this.on_build = this.on_step = None
     this.PLAN, this.STEPS = b"fake-plan", 6
     this.ENGINE_INFO = '{"Layers": [], "Bindings": []}'
+    this.PARSE_ERRORS, this.TIMING_CACHE = [], "ok"
+    this.ENGINE_PROFILE = ((1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32))
     for v in created.values():
         v.clear()
+    builds.clear()
+    buffers.clear()
     name = "vitexport.tensorrt_engine.trt_build"
     monkeypatch.setitem(sys.modules, "tensorrt", this)
     monkeypatch.delitem(sys.modules, name, raising=False)

@@ -36,11 +36,11 @@ class RecordingStream:
 
     def upload(self, x, dtype):
         self.calls.append("upload")
-        return torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
+        return fake_tensorrt.register(torch.from_numpy(np.ascontiguousarray(x)).to(dtype).clone())
 
     def empty(self, shape, dtype):
         self.calls.append("empty")
-        return torch.zeros(shape, dtype=dtype)
+        return fake_tensorrt.register(torch.full(shape, float("nan"), dtype=dtype))
 
     def download(self, tensor):
         self.calls.append("download")
@@ -76,8 +76,10 @@ def test_tensorrt_runner_works_on_its_own_stream(tmp_path, monkeypatch):
     runner, trt_build = _loaded_runner(tmp_path, monkeypatch)
     with runner:
         stream = runner._stream
-        out = runner.infer(np.ones((2, 3, 32, 32), np.float32))
-        assert out.shape == (2, 10) and out.dtype == np.float32
+        x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+        out = runner.infer(x)
+        assert out.dtype == np.float32
+        np.testing.assert_allclose(out, fake_tensorrt.logits_of(x), rtol=1e-6)  # the engine ran on this input
         assert stream.calls == ["upload", "empty", "sync", "download"]
         context = fake_tensorrt.created["contexts"][0]
         assert context.enqueued_on == [RecordingStream.handle]

@@ -37,6 +37,17 @@ class _Raising(Log):
             raise self.exc
 
 
+class _RecordingLog(Log):
+    """A progress log that keeps its warnings."""
+
+    def __init__(self) -> None:
+        super().__init__(stream=io.StringIO())
+        self.warnings: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
 class _ExplodingPhases(dict):
     def pop(self, *a, **k):
         raise KeyboardInterrupt
@@ -264,3 +275,53 @@ def test_warnings_are_counted_for_the_sidecar(tmp_path, monkeypatch):
     assert facts["tensorrt_warnings"] == 1 and "TensorRT warning: weights converted" in out.getvalue()
     assert facts["timing_cache_saved"] and (tmp_path / "t.cache").read_bytes() == b"timing-cache"
     assert MESSAGES.hint() == log_hint()  # nothing left echoing
+
+
+# -- what the builder is given: the stand-in checks and records it --------------------------------------------------
+
+def test_the_profile_covers_the_options_batch_range(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    trt_build.build_engine(_onnx(tmp_path), BuildOptions(min_batch=2, opt_batch=8, max_batch=48))
+    assert fake_tensorrt.builds[-1]["profile"] == ("pixel_values", (2, 3, 32, 32), (8, 3, 32, 32), (48, 3, 32, 32))
+
+
+def test_the_builders_knobs_reach_the_config(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    trt_build.build_engine(_onnx(tmp_path), BuildOptions(workspace_gib=1.5, opt_level=5))
+    trt_build.build_engine(_onnx(tmp_path), BuildOptions())
+    given, default = fake_tensorrt.builds
+    assert given["workspace"] == int(1.5 * 2**30) and given["opt_level"] == 5
+    assert default["workspace"] is None and default["opt_level"] == 3  # TensorRT's own defaults left alone
+
+
+def test_a_parse_failure_names_the_parsers_errors_and_builds_nothing(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    fake_tensorrt.PARSE_ERRORS = ["In node 12 (Resize): antialiasing is not supported currently"]
+    with pytest.raises(VitexportError) as e:
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions())
+    assert "antialiasing is not supported currently" in str(e.value) and "model.onnx" in str(e.value)
+    assert fake_tensorrt.builds == []
+
+
+@pytest.mark.parametrize("state, warning", [("corrupt", "could not be read"),
+                                            ("foreign", "made by another GPU or TensorRT version")])
+def test_a_timing_cache_tensorrt_will_not_take_is_replaced_by_an_empty_one(tmp_path, monkeypatch, state, warning):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    cache = tmp_path / "trt.cache"
+    cache.write_bytes(b"a cache of another machine")
+    fake_tensorrt.TIMING_CACHE = state
+    log = _RecordingLog()
+    _, facts = trt_build.build_engine(_onnx(tmp_path), BuildOptions(timing_cache=cache), log)
+    assert any(warning in w for w in log.warnings), log.warnings
+    assert fake_tensorrt.builds[-1]["timing_cache"].data == b""  # built with an empty cache, not the file's
+    assert facts["timing_cache_loaded"] is False and facts["timing_cache_saved"] is True
+    assert cache.read_bytes() == b"timing-cache"  # the build's own cache replaced it
+
+
+def test_a_timing_cache_it_takes_is_used_and_saved(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    cache = tmp_path / "trt.cache"
+    cache.write_bytes(b"tactics of this GPU")
+    _, facts = trt_build.build_engine(_onnx(tmp_path), BuildOptions(timing_cache=cache))
+    assert fake_tensorrt.builds[-1]["timing_cache"].data == b"tactics of this GPU"
+    assert facts["timing_cache_loaded"] is True and facts["timing_cache_saved"] is True
