@@ -1,0 +1,123 @@
+"""The parity rules on their own: figures of small hand-computed arrays, each bound of Thresholds at and beyond its
+edge, the defaults as docs/PARITY.md states them, and an override from the command line taking effect. No model:
+each expected number is worked out by hand in the comments."""
+
+import math
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from vitexport.parity.compare import DEFAULT_THRESHOLDS, ParityStats, Thresholds, compare, describe, judge
+
+
+def _stats(**kw) -> ParityStats:
+    base = dict(n=1000, max_abs=0.0, mean_abs=0.0, cos_min=1.0, cos_mean=1.0, top1_agree=1.0, top5_agree=1.0)
+    return ParityStats(**{**base, **kw})
+
+
+# -- figures ------------------------------------------------------------------------------------------------------
+
+def test_cosine_of_a_3_4_5_triangle_and_of_zero_vectors():
+    ref = np.array([[3.0, 4.0], [0.0, 0.0], [1.0, 0.0]])
+    out = np.array([[4.0, 3.0], [0.0, 0.0], [0.0, 1.0]])
+    s = compare(ref, out)
+    # rows: (3*4 + 4*3) / (5 * 5) = 0.96; two zero vectors are identical (1); orthogonal (0)
+    assert s.cos_min == 0.0 and s.cos_mean == pytest.approx((0.96 + 1.0 + 0.0) / 3)
+    assert s.max_abs == 1.0 and s.mean_abs == pytest.approx((1 + 1 + 0 + 0 + 1 + 1) / 6)
+
+
+def test_top1_and_top5_agreement_by_hand():
+    ref = np.zeros((3, 7))
+    ref[0, 0] = ref[1, 1] = ref[2, 2] = 1.0  # reference top-1: 0, 1, 2
+    out = np.tile(np.arange(7, 0, -1, dtype=float), (3, 1))  # candidate ranks 0 > 1 > ... > 6 for every row
+    out[2] = np.arange(1, 8)  # row 2 ranks 6 > 5 > 4 > 3 > 2 > 1 > 0: class 2 is 5th
+    out[1] = [7, 6, 5, 4, 3, 2, 8]  # row 1: 6 > 0 > 1 > ...: class 1 is 3rd
+    s = compare(ref, out)
+    assert s.top1_agree == pytest.approx(1 / 3) and s.disagree == 2  # only row 0's argmax is 0
+    assert s.top5_agree == 1.0  # 0, 1 and 2 are each within the candidate's top 5
+    out[2] = [7, 6, 1, 5, 4, 3, 2]  # row 2: class 2 now last
+    assert compare(ref, out).top5_agree == pytest.approx(2 / 3)
+
+
+def test_labelled_figures_by_hand():
+    ref = np.eye(4)[[0, 1, 2, 3]] * 3  # reference top-1: 0 1 2 3
+    out = np.eye(4)[[0, 2, 2, 0]] * 3  # candidate top-1: 0 2 2 0
+    labels = np.array([0, 1, 3, 0])  # reference right on 0, 1; candidate right on 0, 3
+    s = compare(ref, out, labels)
+    assert (s.acc_ref, s.acc) == (0.5, 0.5)
+    assert (s.flips_down, s.flips_up) == (1, 1) and s.acc_drop == 0.0
+    lo, hi = s.acc_drop_ci
+    assert lo < 0 < hi  # 2 flips in 4 images decide nothing
+
+
+def test_nan_in_the_candidate_fails_whatever_the_bounds():
+    out = np.array([[1.0, np.nan], [0.0, 1.0]])
+    s = compare(np.array([[1.0, 0.0], [0.0, 1.0]]), out)
+    assert math.isnan(s.max_abs) and math.isnan(s.cos_min)
+    assert Thresholds().check(s) == ["output has NaN/Inf"]
+
+
+# -- bounds ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field, bound, ok, bad, phrase", [
+    ("max_abs", 1e-3, 1e-3, 1.1e-3, "max abs diff"),
+    ("cos_min", 0.95, 0.95, 0.9499, "min cosine"),
+    ("cos_mean", 0.99, 0.99, 0.9899, "mean cosine"),
+])
+def test_each_bound_passes_at_its_edge_and_fails_beyond_it(field, bound, ok, bad, phrase):
+    th = Thresholds(**{field: bound})
+    assert th.judge(_stats(**{field: ok})).passed
+    v = th.judge(_stats(**{field: bad}))
+    assert v.failed and v.status == "fail" and v.failures[0].startswith(phrase)
+    assert Thresholds().judge(_stats(**{field: bad})).passed  # None: not checked
+
+
+def test_top1_agreement_is_judged_on_its_interval():
+    th = Thresholds(top1_agree=0.9)
+    assert th.judge(_stats(top1_agree=0.95, top1_agree_ci=[0.92, 0.97])).passed  # the whole interval above
+    v = th.judge(_stats(top1_agree=0.91, top1_agree_ci=[0.85, 0.95]))  # straddles the bound
+    assert v.status == "inconclusive" and "top-1 agreement 91.0%" in v.inconclusive[0]
+    v = th.judge(_stats(top1_agree=0.8, top1_agree_ci=[0.75, 0.85]))  # the whole interval below
+    assert v.status == "fail" and "top-1 agreement 80.0% < 90%" in v.failures[0]
+    assert th.judge(_stats(top1_agree=0.9)).passed  # no interval (an older record): the figure itself, at the edge
+
+
+def test_accuracy_drop_is_judged_on_its_interval_and_only_with_labels():
+    th = Thresholds(acc_drop=1.0)
+    labelled = dict(acc_ref=0.8, acc=0.79, acc_drop=1.0, flips_down=10, flips_up=0)
+    assert th.judge(_stats(**labelled, acc_drop_ci=[0.2, 0.9])).passed
+    assert th.judge(_stats(**labelled, acc_drop_ci=[0.5, 1.6])).status == "inconclusive"
+    v = th.judge(_stats(**labelled, acc_drop_ci=[1.1, 2.0]))
+    assert v.status == "fail" and "dropped 1.00 points > 1" in v.failures[0]
+    assert th.judge(_stats(acc_drop=5.0, acc_drop_ci=[4.0, 6.0])).passed  # unlabelled: acc is None, not judged
+    # no interval: the drop computed from the accuracies, in points
+    assert th.judge(_stats(acc_ref=0.8, acc=0.78)).failed and th.judge(_stats(acc_ref=0.8, acc=0.795)).passed
+
+
+def test_judge_uses_the_precisions_defaults_unless_overridden():
+    s = _stats(cos_min=0.96, cos_mean=0.995)
+    assert judge(s, "int8").passed  # 0.96 >= 0.95
+    assert judge(s, "fp16").failed  # 0.96 < 0.999
+    assert judge(s, "int8", replace(DEFAULT_THRESHOLDS["int8"], cos_min=0.97)).failed
+    assert "cosine min 0.96000" in describe(s)
+
+
+def test_the_defaults_are_the_ones_docs_parity_states():
+    text = (ROOT / "docs" / "PARITY.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"\| (fp32|bf16|fp16|int8)\b[^|]*\|(.*)\|\s*$", line)
+        if m and m.group(1) not in rows:
+            rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
+
+    def number(cell):
+        m = re.search(r"([0-9.]+(?:e-?[0-9]+)?)", cell)
+        return None if cell in ("–", "-") or m is None else float(m.group(1))
+
+    assert set(rows) == set(DEFAULT_THRESHOLDS)
+    for precision, cells in rows.items():
+        th = DEFAULT_THRESHOLDS[precision]
+        assert [number(c) for c in cells[:4]] == [th.max_abs, th.cos_min, th.cos_mean, th.acc_drop], precision
