@@ -119,6 +119,56 @@ def test_markdown_and_csv(report):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+def test_the_csv_and_markdown_cells_are_the_jsons_numbers(report):
+    """Each file parsed back: every CSV row and Markdown row is a (backend, batch) of the JSON, with its numbers."""
+    import csv
+
+    out, _ = report
+    data = json.loads((out / "r.json").read_text())
+    want = {}
+    for r in data["results"]:
+        if r["available"]:
+            for lat in r["latency"] or [None]:  # parity only (not timed): one row without latency
+                want[(r["name"], lat and lat["batch"])] = (r, lat or {})
+    assert sum(lat is not None for _, lat in want) > 5
+
+    def batch(text):
+        return int(text) if text.strip().isdigit() else None
+
+    rows = list(csv.DictReader((out / "r.csv").read_text().splitlines()))
+    assert {(row["backend"], batch(row["batch"])) for row in rows} == set(want)
+    for row in rows:
+        r, lat = want[(row["backend"], batch(row["batch"]))]
+        for col, value in (("mean_ms", lat.get("mean_ms")), ("p50_ms", lat.get("p50_ms")),
+                           ("p99_ms", lat.get("p99_ms")), ("throughput", lat.get("throughput")),
+                           ("max_abs", r["parity"]["max_abs"]), ("cos_min", r["parity"]["cos_min"]),
+                           ("top1_agree", r["parity"]["top1_agree"])):
+            if value is None:
+                assert row[col] == "", (row["backend"], col)
+            else:
+                assert float(row[col]) == pytest.approx(value, rel=1e-9), (row["backend"], col)
+        assert row["precision"] == r["precision"] and row["device"] == r["device"]
+        assert row["parity"] == {"pass": "pass", "fail": "FAIL", "inconclusive": "inconclusive"}[r["parity"]["status"]]
+    md = (out / "r.md").read_text().splitlines()
+    header = next(i for i, line in enumerate(md) if line.startswith("| backend"))
+    names = [c.strip() for c in md[header].strip("|").split("|")]
+    seen = set()
+    for line in md[header + 2:]:
+        if not line.startswith("|"):
+            break
+        cell = dict(zip(names, (c.strip() for c in line.strip("|").split("|"))))
+        key = (cell["backend"], batch(cell["batch"]))
+        r, lat = want[key]
+        seen.add(key)
+        if lat:
+            assert cell["mean ms"] == f"{lat['mean_ms']:.2f}" and cell["img/s"] == f"{lat['throughput']:.1f}"
+        assert cell["cos min"] == f"{r['parity']['cos_min']:.5f}"
+        lo, hi = r["parity"]["top1_agree_ci"]
+        assert cell["top-1 agree % (95% CI)"].startswith(f"{r['parity']['top1_agree'] * 100:.1f}")
+        assert f"{lo * 100:.1f}" in cell["top-1 agree % (95% CI)"] and f"{hi * 100:.1f}" in cell["top-1 agree % (95% CI)"]
+    assert seen == set(want)
+
+
 def _corrupt_int8(src, dst):
     model = onnx.load(str(src))
     inits = {i.name: i for i in model.graph.initializer}
