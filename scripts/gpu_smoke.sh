@@ -93,6 +93,6 @@ PY
 done
 
 step "GPU tests"
-python -m pytest -q -m tensorrt tests/test_tensorrt_gpu.py || fail "tests/test_tensorrt_gpu.py"
+python -m pytest -q -m "tensorrt or gpu" tests/test_tensorrt_gpu.py || fail "tests/test_tensorrt_gpu.py"
 
 printf '\ngpu_smoke: all passed\n' >&2

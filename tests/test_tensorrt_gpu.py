@@ -1,7 +1,8 @@
 """TensorRT engines for the digits ViT, built and run for real, checked against ONNX Runtime running the FP32 ONNX,
 and read back with TensorRT's engine inspector to prove that each engine computes in the precision it claims.
 
-Needs TensorRT (>= 10.12) and a CUDA GPU; skipped with the reason otherwise. Run: pytest -m tensorrt -q
+Each test says what it needs: TensorRT (>= 10.12) and a CUDA GPU (`tensorrt`), or only a CUDA GPU (`gpu`: ONNX
+Runtime's CUDA provider), and is skipped with the reason otherwise. Run: pytest -m "tensorrt or gpu" -q
 None of these has run on a GPU yet (docs/TENSORRT.md, "What was checked how").
 """
 
@@ -15,13 +16,17 @@ from vitexport.environment import cuda_gpu, tensorrt_version
 from vitexport.tensorrt_engine.options import BuildOptions
 
 _TRT = tensorrt_version()
-_GPU = cuda_gpu() if _TRT else None
+_GPU = cuda_gpu()
 
-pytestmark = [
-    pytest.mark.tensorrt,
-    pytest.mark.skipif(_TRT is None, reason="TensorRT not installed"),
-    pytest.mark.skipif(_TRT is not None and _GPU is None, reason="no CUDA GPU"),
-]
+
+def needs_gpu(test):
+    """A CUDA GPU (ONNX Runtime's CUDA provider, torch): runs on a GPU machine without TensorRT too."""
+    return pytest.mark.gpu(pytest.mark.skipif(_GPU is None, reason="no CUDA GPU")(test))
+
+
+def needs_tensorrt(test):
+    """TensorRT and a CUDA GPU."""
+    return pytest.mark.tensorrt(pytest.mark.skipif(_TRT is None, reason="TensorRT not installed")(needs_gpu(test)))
 
 VARIANT = "vit_digits_patch4_32"
 BATCHES = (1, 3, 8)
@@ -80,6 +85,7 @@ def built(model_dir):
     return get
 
 
+@needs_tensorrt
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_engine_matches_onnxruntime_at_three_batches(built, inputs, reference, precision):
     from vitexport.backends.tensorrt import TensorRTRunner
@@ -103,6 +109,7 @@ def test_engine_matches_onnxruntime_at_three_batches(built, inputs, reference, p
             runner.infer(np.zeros((9, 3, 32, 32), np.float32))
 
 
+@needs_tensorrt
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_the_engine_computes_its_gemms_in_its_precision(built, precision):
     """INT8 GEMMs in the INT8 engine, FP16 GEMMs in the FP16 engine, no FP32 GEMM (or attention) in either."""
@@ -115,6 +122,7 @@ def test_the_engine_computes_its_gemms_in_its_precision(built, precision):
     assert not problems, (layers.summary(), problems)
 
 
+@needs_tensorrt
 def test_the_runner_enqueues_and_times_on_its_own_stream(built, inputs):
     import torch
 
@@ -130,6 +138,7 @@ def test_the_runner_enqueues_and_times_on_its_own_stream(built, inputs):
         assert runner.info["layer_precisions"]["gemm"], runner.info["layer_precisions"]
 
 
+@needs_tensorrt
 def test_second_build_reuses_the_timing_cache(model_dir):
     first = _build(model_dir, "fp16")
     second = _build(model_dir, "fp16")
@@ -137,6 +146,7 @@ def test_second_build_reuses_the_timing_cache(model_dir):
     assert first.sidecar["source_onnx_sha256"] == second.sidecar["source_onnx_sha256"]
 
 
+@needs_tensorrt
 def test_fp32_engine_is_the_reference(model_dir, inputs, reference):
     from vitexport.backends.tensorrt import TensorRTRunner
     from vitexport.parity.compare import compare, judge
@@ -149,6 +159,7 @@ def test_fp32_engine_is_the_reference(model_dir, inputs, reference):
     assert verdict.passed and stats.top1_agree == 1.0, (verdict.failures, stats)
 
 
+@needs_gpu
 @pytest.mark.parametrize("ep", ["cuda", "tensorrt"])
 def test_onnxruntime_gpu_providers_bind_inputs_and_outputs_on_the_device(model_dir, inputs, reference, ep):
     from vitexport.artifacts.folder import ModelFolder
