@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from conftest import fails_cleanly
 
 from vitexport.artifacts.folder import ARTIFACTS, ModelFolder
+from vitexport.artifacts.verify import check_onnx
 from vitexport.cli import cli
 from vitexport.ensure import MAKERS, ensure_artifact, open_model
 from vitexport.errors import VitexportError
@@ -69,12 +70,22 @@ def test_ensure_keeps_a_current_file_and_remakes_a_stale_one(tiny_default, tmp_p
     assert ensure_artifact(folder, "fp32").path == folder / "model.onnx"
 
 
-def test_every_kind_has_a_maker_or_says_so(tiny_default, tmp_path):
+def test_every_kind_has_a_maker_or_says_so(tiny_default, tmp_path, monkeypatch):
     assert set(MAKERS) | {"fp32"} <= set(ARTIFACTS)
     folder = tmp_path / "m"
-    shutil.copytree(tiny_default / "models" / "vit_tiny_patch16_224-32x32", folder)
-    for kind in set(ARTIFACTS) - set(MAKERS) - {"fp32"}:
-        with pytest.raises(VitexportError, match=f"No step makes {ARTIFACTS[kind].filename} yet"):
-            ensure_artifact(folder, kind)
+    shutil.copytree(tiny_default / "models" / "vit_tiny_patch16_224-32x32", folder,
+                    ignore=shutil.ignore_patterns("model.*.onnx", "model.openvino.*"))  # only the export
+    mf = ModelFolder(folder)
+    for kind in ARTIFACTS:  # every kind is the export or is made by its step into a file that verifies
+        assert kind == "fp32" or not mf.onnx(kind).exists(), kind
+        made = ensure_artifact(folder, kind, calib=CalibOptions(samples=8, check=False))
+        assert made.path == mf.onnx(kind) and made.made == (kind != "fp32"), kind
+        check = check_onnx(mf, kind)
+        assert check.ok, check.sentence()
+    monkeypatch.delitem(MAKERS, "fp16")  # a kind without a step: one sentence, nothing written
+    (folder / "model.fp16.onnx").unlink()
+    with pytest.raises(VitexportError, match=r"No step makes model\.fp16\.onnx yet"):
+        ensure_artifact(folder, "fp16")
+    assert not (folder / "model.fp16.onnx").exists()
     with pytest.raises(VitexportError, match="Unknown precision 'fp8'"):
         ensure_artifact(folder, "fp8")
