@@ -7,7 +7,7 @@ import torch
 from conftest import ROOT
 from PIL import Image
 
-from vitexport.data.images import Dataset, labels_for_model, load_folder, preprocess_image
+from vitexport.data.images import Dataset, labels_for_model, load_folder, load_image, preprocess_image
 from vitexport.data.preprocess import Preprocess
 from vitexport.model.variants import VARIANTS, get_variant, parse_img_size
 from vitexport.model.vit import VisionTransformer
@@ -46,13 +46,30 @@ def test_preprocess_matches_timm_transform(size, crop, interp):
         assert np.abs(ours - ref).mean() < 0.005
 
 
-def test_grayscale_and_rgba_become_rgb(tmp_path):
-    pp = Preprocess(input_size=(32, 32), crop_pct=1.0, interpolation="bilinear")
-    gray = Image.fromarray(np.full((40, 40), 128, np.uint8), "L")
-    rgba = Image.fromarray(np.full((40, 40, 4), 128, np.uint8), "RGBA")
-    for img in (gray, rgba):
-        x = preprocess_image(img, pp)
-        assert x.shape == (3, 32, 32) and np.allclose(x[0], x[1]) and np.allclose(x[1], x[2])
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "L"])
+def test_grayscale_and_transparent_images_become_rgb_on_white(tmp_path, mode):
+    """Random pixels with varying alpha, against PIL's own compositing on white and timm's eval transform."""
+    from timm.data import create_transform
+
+    rng = np.random.default_rng(0)
+    channels = {"RGBA": 4, "LA": 2, "L": 1}[mode]
+    pixels = rng.integers(0, 256, (52, 40, channels), dtype=np.uint8)
+    if channels > 1:
+        pixels[:13, :, -1] = 0  # fully transparent rows, fully opaque rows, the rest in between
+        pixels[13:26, :, -1] = 255
+    img = Image.fromarray(pixels[..., 0] if channels == 1 else pixels, mode)
+    img.save(tmp_path / "img.png")
+    pp = Preprocess(input_size=(32, 32), crop_pct=0.875, interpolation="bicubic", mean=(0.485, 0.456, 0.406),
+                    std=(0.229, 0.224, 0.225))
+    white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+    rgb = Image.alpha_composite(white, img.convert("RGBA")).convert("RGB") if channels > 1 else img.convert("RGB")
+    tf = create_transform(input_size=(3, *pp.input_size), crop_pct=pp.crop_pct, interpolation=pp.interpolation,
+                          mean=pp.mean, std=pp.std)
+    ref = tf(rgb).numpy()
+    assert ref.std() > 0.5  # the oracle's image is not uniform: a wrong conversion shows
+    for ours in (load_image(tmp_path / "img.png", pp), preprocess_image(img, pp)):
+        assert ours.shape == ref.shape
+        assert np.abs(ours - ref).max() < 5e-6, np.abs(ours - ref).max()
 
 
 def test_image_folder_labels_and_recursion(tmp_path):
