@@ -93,6 +93,18 @@ def _one_sentence(r, code, *needles):
     return last
 
 
+def _never(monkeypatch, module, name):
+    """Make module.name fail the test if it is called; returns the (empty) list of its calls."""
+    calls = []
+
+    def never(*args, **kwargs):
+        calls.append(name)
+        pytest.fail(f"{module.__name__}.{name} ran: the run should have been refused before any work")
+
+    monkeypatch.setattr(module, name, never)
+    return calls
+
+
 def _clean(folder):
     """Nothing partial: no leftovers of a run, no hidden file but the lock."""
     assert not find_debris(ModelFolder(folder)), find_debris(ModelFolder(folder))
@@ -224,10 +236,12 @@ def test_a_pickle_with_code_is_never_run_and_the_message_says_how_to_convert(tmp
     assert not marker.exists() and "weights_only=False" not in last and last.endswith(".")
 
 
-def test_an_opset_onnx_does_not_know(tmp_path):
-    t0 = time.perf_counter()
+def test_an_opset_onnx_does_not_know(tmp_path, monkeypatch):
+    import vitexport.export.run as export_run
+
+    ran = _never(monkeypatch, export_run, "build")  # refused before any model is built
     _one_sentence(_run("onnx", *DIGITS, "--opset", "99", "-o", tmp_path / "o"), 2, "--opset 99", "at most")
-    assert time.perf_counter() - t0 < 5 and not (tmp_path / "o").exists()
+    assert not ran and not (tmp_path / "o").exists()
 
 
 def test_a_decompression_bomb_image(folder, tmp_path):
@@ -313,20 +327,66 @@ def test_a_file_size_limit_names_the_real_file_and_keeps_the_previous_one(folder
 
 # -- limits before work ---------------------------------------------------------------------------------------
 
-def test_an_img_size_that_cannot_fit_is_refused_in_a_second(tmp_path):
+def _vit(name=None, **kwargs):
+    """timm's own model of that name (or its VisionTransformer of these arguments), on the meta device (shapes
+    only), and its parameter count."""
+    import timm
+    import torch
+    from timm.models.vision_transformer import VisionTransformer
+
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False, **kwargs) if name else VisionTransformer(**kwargs)
+    return model, sum(p.numel() for p in model.parameters())
+
+
+def _needed(last):
+    """The bytes a refusal says a run needs ('needs about 38.0 GB')."""
+    number, unit = re.search(r"needs about ([\d.]+) (B|KB|MB|GB|TB|PB)\b", last).groups()
+    return float(number) * 1000 ** ["B", "KB", "MB", "GB", "TB", "PB"].index(unit)
+
+
+def test_an_img_size_that_cannot_fit_is_refused_before_any_work(tmp_path, monkeypatch):
+    import vitexport.export.run as export_run
+
     assert preflight.mem_available() is not None  # read from /proc/meminfo
-    t0 = time.perf_counter()
+    ran = _never(monkeypatch, export_run, "build")
     r = _run("onnx", "-m", "vit_base_patch16_224", "--img-size", "8192", "-o", tmp_path / "o")
-    _one_sentence(r, 2, "--img-size 8192x8192 needs about", "TB of memory", "available")
-    assert time.perf_counter() - t0 < 1.0 and not (tmp_path / "o").exists()
+    last = _one_sentence(r, 2, "--img-size 8192x8192 needs about", "of memory", "available")
+    assert not ran and not (tmp_path / "o").exists()
+    ref, _ = _vit("vit_base_patch16_224", img_size=8192)
+    tokens = ref.patch_embed.num_patches + ref.num_prefix_tokens
+    assert f"({tokens:,} tokens" in last
+    # at least one image's attention probabilities of one block, in float32 (timm's shapes)
+    assert _needed(last) >= 4 * ref.blocks[0].attn.num_heads * tokens ** 2
 
 
-def test_a_bench_batch_that_cannot_fit_is_refused_in_a_second(folder, monkeypatch):
+def test_a_bench_batch_that_cannot_fit_is_refused_before_any_work(folder, monkeypatch):
+    import vitexport.bench.run as bench_run
+
     monkeypatch.setattr(preflight, "mem_available", lambda: 16 * 10**9)  # the same answer on any machine
-    t0 = time.perf_counter()
+    ran = _never(monkeypatch, bench_run, "prepare_bench") + _never(monkeypatch, bench_run, "run_bench")
     r = _run("bench", folder, "--batch", "100000")
-    _one_sentence(r, 2, "--batch 100000 needs about 38.0 GB", "16.0 GB is available", "use --batch")
-    assert time.perf_counter() - t0 < 1.0
+    last = _one_sentence(r, 2, "--batch 100000 needs about", "16.0 GB is available", "use --batch")
+    assert not ran
+    cfg = ModelFolder(folder).read_manifest().config
+    _, params = _vit(img_size=tuple(cfg["img_size"]), patch_size=tuple(cfg["patch_size"]), in_chans=cfg["in_chans"],
+                     embed_dim=cfg["embed_dim"], depth=cfg["depth"], num_heads=cfg["num_heads"],
+                     mlp_ratio=cfg["mlp_ratio"], num_classes=cfg["num_classes"])  # the digits model's shape
+    assert f"{preflight.human(4 * params)} of weights" in last
+    assert _needed(last) > 16 * 10**9 and _needed(last) >= 100000 * 4 * 3 * cfg["img_size"][0] * cfg["img_size"][1]
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    (f"vit_{size}_patch16_{px}", {}) for size in ("tiny", "small", "base", "large") for px in (224, 384)
+] + [("vit_base_patch16_224", {"img_size": (384, 512), "num_classes": 10}),
+     ("vit_small_patch16_224", {"num_classes": 0})])
+def test_the_estimate_counts_the_weights_timm_builds(name, kwargs):
+    ref, params = _vit(name, **kwargs)
+    spec = ModelSpec(name, img_size=kwargs.get("img_size"), num_classes=kwargs.get("num_classes"))
+    weights, per_image, tokens = preflight.vit_memory(preflight.spec_config(spec))
+    assert weights == 4 * params, (weights // 4, params)
+    assert tokens == ref.patch_embed.num_patches + ref.num_prefix_tokens
+    assert per_image >= 4 * ref.blocks[0].attn.num_heads * tokens ** 2  # one block's attention probabilities
 
 
 def test_the_estimate_lets_ordinary_runs_through():
