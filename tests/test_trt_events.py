@@ -4,6 +4,7 @@ read since a build began, the verbose log; and trt_build run end to end against 
 from __future__ import annotations
 
 import _thread
+import functools
 import io
 import time
 
@@ -23,6 +24,13 @@ from vitexport.tensorrt_engine.events import (
     run_cancellable,
 )
 from vitexport.tensorrt_engine.options import BuildOptions, LogOptions, build_failure_message, log_hint
+
+
+def _wait_for(condition, limit_s=60.0):
+    """Poll until condition() holds, giving up after limit_s (the test's own assertions then fail)."""
+    deadline = time.monotonic() + limit_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 class _Raising(Log):
@@ -104,7 +112,7 @@ def test_a_healthy_monitor_prints_phases_and_continues():
 
 def test_ctrl_c_in_the_waiting_thread_stops_the_worker_at_its_next_step(ctrl_c):
     monitor = BuildMonitor(Log(quiet=True))
-    steps = []
+    steps, out = [], io.StringIO()
 
     def build():
         for step in range(500):
@@ -112,12 +120,13 @@ def test_ctrl_c_in_the_waiting_thread_stops_the_worker_at_its_next_step(ctrl_c):
                 return None
             steps.append(step)
             if step == 3:
-                _thread.interrupt_main()  # Ctrl-C: Python raises it in the main thread, which waits in join()
-            time.sleep(0.01)
+                _wait_for(lambda: "still building" in out.getvalue())  # the main thread waits in join()
+                _thread.interrupt_main()  # Ctrl-C: Python raises it in the main thread
+                _wait_for(lambda: monitor.cancelled)  # until the waiting thread has taken it
         return b"plan"
 
-    assert run_cancellable(build, monitor, Log(quiet=True), poll_s=0.01) is None
-    assert isinstance(monitor.failure, KeyboardInterrupt) and len(steps) < 500
+    assert run_cancellable(build, monitor, Log(stream=out), heartbeat_s=0.005, poll_s=0.001) is None
+    assert isinstance(monitor.failure, KeyboardInterrupt) and steps == [0, 1, 2, 3]  # not one step more
     with pytest.raises(KeyboardInterrupt):
         monitor.raise_if_failed()
 
@@ -247,18 +256,20 @@ def test_ctrl_c_in_a_callback_cancels_the_build_and_reraises(tmp_path, monkeypat
 def test_ctrl_c_while_tensorrt_works_cancels_the_build(tmp_path, monkeypatch, ctrl_c):
     trt_build = fake_tensorrt.install(monkeypatch)
     fake_tensorrt.STEPS = 400
-    steps = []
+    monkeypatch.setattr(trt_build, "run_cancellable", functools.partial(run_cancellable, heartbeat_s=0.005))
+    steps, out = [], io.StringIO()
 
     def step(i):
         steps.append(i)
         if i == 2:
+            _wait_for(lambda: "still building" in out.getvalue())  # the main thread waits for the build
             _thread.interrupt_main()
-        time.sleep(0.01)
+            _wait_for(lambda: "Interrupted" in out.getvalue())  # until the waiting thread has taken it
 
     fake_tensorrt.on_step = step
     with pytest.raises(KeyboardInterrupt):
-        trt_build.build_engine(_onnx(tmp_path), BuildOptions())
-    assert len(steps) < 400
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions(), Log(stream=out))
+    assert steps == [0, 1, 2]  # TensorRT was told to stop at the step it was on: not one step more
 
 
 def test_warnings_are_counted_for_the_sidecar(tmp_path, monkeypatch):
