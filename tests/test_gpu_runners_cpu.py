@@ -192,16 +192,25 @@ def test_latency_is_what_timed_run_reports():
     assert lat.iterations == 3 and lat.mean_ms == lat.p99_ms == 4.0 and lat.throughput == 500.0
 
 
-def test_cpu_runners_keep_the_wall_clock():
+def test_cpu_runners_keep_the_wall_clock(monkeypatch):
+    import types
+
+    import vitexport.backends.base as base
+
+    now, ran = [100.0], []
+    monkeypatch.setattr(base, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))  # a clock the test moves
+
     class Slow(_Timed):
         timed_run = Runner.timed_run
 
         def run(self, staged):
-            import time
-            time.sleep(0.002)
+            ran.append(staged)
+            now[0] += 0.0025  # the run takes 2.5 ms of wall clock
             return staged
 
-    assert Slow().load().timed_run(None) >= 2.0
+    runner = Slow().load()
+    now[0] += 7.0  # time before the run is not counted
+    assert runner.timed_run("x") == pytest.approx(2.5) and ran == ["x"]
 
 
 # -- ONNX Runtime IOBinding ---------------------------------------------------------------------------------------------
