@@ -336,3 +336,29 @@ def test_a_timing_cache_it_takes_is_used_and_saved(tmp_path, monkeypatch):
     _, facts = trt_build.build_engine(_onnx(tmp_path), BuildOptions(timing_cache=cache))
     assert fake_tensorrt.builds[-1]["timing_cache"].data == b"tactics of this GPU"
     assert facts["timing_cache_loaded"] is True and facts["timing_cache_saved"] is True
+
+
+def test_after_a_ctrl_c_the_wait_lasts_until_tensorrt_has_stopped(ctrl_c):
+    """The first Ctrl-C asks TensorRT to stop at its next step; the waiting thread must wait for that step (a join()
+    interrupted by Ctrl-C on CPython 3.11 would mark the running worker as stopped and return at once)."""
+    import threading
+
+    monitor, out = BuildMonitor(Log(stream=io.StringIO())), Log(stream=io.StringIO())
+    asked, stopped = threading.Event(), threading.Event()
+
+    def build():
+        asked.set()
+        while monitor.failure is None:  # TensorRT at work until the monitor says stop
+            time.sleep(0.005)
+        time.sleep(0.3)  # its next step, where it stops
+        stopped.set()
+
+    def press_ctrl_c():
+        asked.wait(10)
+        time.sleep(0.05)
+        _thread.interrupt_main()
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    run_cancellable(build, monitor, out, poll_s=0.01)
+    assert stopped.is_set()  # returned only once the build had stopped
+    assert isinstance(monitor.failure, KeyboardInterrupt)

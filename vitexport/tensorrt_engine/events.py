@@ -232,12 +232,17 @@ def run_cancellable(build: Callable[[], T], monitor: BuildMonitor, out: Log, hea
     propagates at once. The caller then calls monitor.raise_if_failed().
     """
     result: dict[str, object] = {}
+    # the worker says it is done through an Event, not join(): on CPython 3.11 a join() interrupted by Ctrl-C
+    # releases the running thread's state lock and marks it stopped, so the wait would end with TensorRT still busy
+    done = threading.Event()
 
     def work() -> None:
         try:
             result["value"] = build()
         except BaseException as e:  # noqa: BLE001 -- handed to the waiting thread
             result["error"] = e
+        finally:
+            done.set()
 
     worker = threading.Thread(target=work, name="tensorrt-build", daemon=True)
     start = time.perf_counter()
@@ -245,8 +250,8 @@ def run_cancellable(build: Callable[[], T], monitor: BuildMonitor, out: Log, hea
     worker.start()
     while True:
         try:
-            while worker.is_alive():
-                worker.join(poll_s)
+            while not done.is_set():
+                done.wait(poll_s)
                 if time.perf_counter() >= next_beat:
                     next_beat += heartbeat_s
                     out.info(f"  still building ({time.perf_counter() - start:.0f}s so far)")
