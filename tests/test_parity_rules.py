@@ -121,3 +121,95 @@ def test_the_defaults_are_the_ones_docs_parity_states():
     for precision, cells in rows.items():
         th = DEFAULT_THRESHOLDS[precision]
         assert [number(c) for c in cells[:4]] == [th.max_abs, th.cos_min, th.cos_mean, th.acc_drop], precision
+
+
+def test_the_failure_phrases_carry_the_figures():
+    th = Thresholds(acc_drop=1.0)
+    # a recorded drop is the one said (it may differ from the rounded accuracies' difference)
+    v = th.judge(_stats(acc_ref=0.8, acc=0.8, acc_drop=2.0, acc_drop_ci=[1.5, 2.5]))
+    assert v.failures == ["top-1 accuracy dropped 2.00 points > 1 (95% interval 1.50 to 2.50)"]
+    v = th.judge(_stats(acc_ref=0.8, acc=0.78))  # no recorded drop: (0.80 - 0.78) * 100 points
+    assert v.failures == ["top-1 accuracy dropped 2.00 points > 1 (95% interval 2.00 to 2.00)"]
+    assert v.thresholds is th and v.stats.acc == 0.78
+
+
+def test_an_interval_that_touches_the_bound_is_not_beyond_it():
+    th = Thresholds(acc_drop=1.0)
+    labelled = dict(acc_ref=0.8, acc=0.79, acc_drop=1.0)
+    assert th.judge(_stats(**labelled, acc_drop_ci=[1.0, 1.4])).status == "inconclusive"  # lo == bound: not a fail
+    assert th.judge(_stats(**labelled, acc_drop_ci=[0.4, 1.0])).status == "pass"  # hi == bound: within
+
+
+def _with_rates(n, down, up, agree=None):
+    """Labelled stats of n images where `down` flipped right to wrong and `up` wrong to right (intervals from
+    compare() on one-hot logits that do exactly that)."""
+    classes = 10
+    labels = np.arange(n) % classes
+    ref = np.eye(classes)[labels] * 5.0
+    ref[:up] = np.eye(classes)[(labels[:up] + 1) % classes] * 5.0
+    out = np.eye(classes)[labels] * 5.0
+    out[up:up + down] = np.eye(classes)[(labels[up:up + down] + 1) % classes] * 5.0
+    return compare(ref, out, labels)
+
+
+def test_an_undecided_drop_says_how_many_images_would_decide_it():
+    th = Thresholds(acc_drop=1.5)
+    s = _with_rates(200, down=3, up=1)  # a drop of 1 point on 200 images: its interval straddles 1.5
+    v = th.judge(s)
+    assert v.status == "inconclusive"
+    text = v.inconclusive[0]
+    assert text.startswith("inconclusive: top-1 accuracy drop 1.00 points, 95% interval ")
+    assert "on 200 images (3 flipped down, 1 up); about " in text and text.endswith(" would resolve 1.5 points")
+    need = int(re.search(r"about ([\d,]+) would", text).group(1).replace(",", ""))
+    assert need > 200
+    scale = need / 200  # the same rates on that many images decide it: the interval ends below 1.5
+    assert th.judge(_with_rates(round(200 * scale), down=round(3 * scale), up=round(scale))).status == "pass"
+
+
+def test_an_undecided_agreement_says_how_many_images_would_decide_it():
+    from vitexport.parity.stats import clopper_pearson
+
+    th = Thresholds(top1_agree=0.95)
+    n, agree = 100, 97
+    s = _stats(n=n, top1_agree=agree / n, top1_agree_ci=list(clopper_pearson(agree, n)))
+    text = th.judge(s).inconclusive[0]
+    lo, hi = s.top1_agree_ci
+    assert text.startswith(f"inconclusive: top-1 agreement 97.0%, 95% interval {lo:.1%}-{hi:.1%}, is not above 95% "
+                           f"on 100 images; about ")
+    need = int(re.search(r"about ([\d,]+) would resolve 95%$", text).group(1).replace(",", ""))
+    k = round(need * agree / n)
+    assert clopper_pearson(k, need)[0] >= 0.95  # at that size the same rate is decided
+    assert clopper_pearson(round(need / 2 * agree / n), need // 2)[0] < 0.95  # and half of it is not
+
+
+def test_describe_says_every_figure():
+    s = _stats(max_abs=0.0123, mean_abs=0.000456, cos_min=0.99, cos_mean=0.995, top1_agree=0.95,
+               top1_agree_ci=[0.92, 0.97], top5_agree=0.999)
+    plain = ("max abs 0.0123, mean abs 0.000456, cosine min 0.99000 / mean 0.99500, top-1 agree 95.0% "
+             "(95% 92.0%-97.0%), top-5 agree 99.9%")
+    assert describe(s) == plain
+    assert describe(replace(s, top1_agree_ci=None)) == plain.replace(" (95% 92.0%-97.0%)", "")
+    labelled = replace(s, acc_ref=0.8, acc=0.79, acc_drop=1.0, acc_drop_ci=[0.2, 1.8], flips_down=12, flips_up=2)
+    assert describe(labelled) == plain + (", top-1 accuracy 80.00% -> 79.00%, drop +1.00 points (95% +0.20 to "
+                                          "+1.80; 12 flipped down, 2 up)")
+    assert describe(replace(labelled, acc_drop_ci=None)) == plain + ", top-1 accuracy 80.00% -> 79.00%"
+    assert describe(replace(labelled, acc=None)) == describe(replace(labelled, acc_ref=None)) == plain
+
+
+def test_records_and_verdicts_as_reports_write_them():
+    from vitexport.parity.compare import EXPORT_THRESHOLDS, ParityVerdict, export_thresholds
+
+    s = _stats(top1_agree_ci=[0.99, 1.0])
+    d = s.to_dict()
+    assert d == {"n": 1000, "max_abs": 0.0, "mean_abs": 0.0, "cos_min": 1.0, "cos_mean": 1.0, "top1_agree": 1.0,
+                 "top5_agree": 1.0, "acc_ref": None, "acc": None, "top1_agree_ci": [0.99, 1.0]}  # unknown: left out
+    assert ParityStats(**d) == s
+    v = ParityVerdict(s, Thresholds(), ["a bound missed"], ["an undecided one"])
+    assert v.problems() == ["a bound missed", "an undecided one"] and v.failed and not v.passed
+    assert v.to_dict() == {**d, "passed": False, "status": "fail", "failures": ["a bound missed"],
+                           "inconclusive": ["an undecided one"]}
+    assert ParityVerdict(s, Thresholds(), [], ["x"]).to_dict()["status"] == "inconclusive"
+    assert Thresholds(cos_min=0.5).to_dict() == {"max_abs": None, "cos_min": 0.5, "cos_mean": None,
+                                                 "top1_agree": None, "acc_drop": None}
+    assert export_thresholds() is EXPORT_THRESHOLDS and EXPORT_THRESHOLDS.max_abs == 1e-4
+    assert export_thresholds(3e-4) == replace(EXPORT_THRESHOLDS, max_abs=3e-4)

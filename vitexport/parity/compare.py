@@ -124,21 +124,22 @@ EXPORT_THRESHOLDS = Thresholds(max_abs=1e-4, cos_min=0.99999)
 
 
 def _undecided_drop(s: ParityStats, drop: float, lo: float, hi: float, bound: float) -> str:
-    from .stats import images_to_resolve
+    from .stats import drop_decided, images_to_resolve
 
-    flips = (s.flips_down or 0) + (s.flips_up or 0)
-    need = images_to_resolve(drop / 100, flips / max(s.n, 1), bound / 100, s.n)
+    n, down, up = max(s.n, 1), s.flips_down or 0, s.flips_up or 0
+    need = images_to_resolve(drop / 100, (down + up) / n, bound / 100, s.n,
+                             decided=drop_decided(down / n, up / n, bound / 100))
     more = f"; about {need:,} would resolve {bound:g} points" if need else ""
     return (f"inconclusive: top-1 accuracy drop {drop:.2f} points, 95% interval {lo:.2f} to {hi:.2f}, is not within "
             f"{bound:g} on {s.n:,} images ({s.flips_down} flipped down, {s.flips_up} up){more}")
 
 
 def _undecided_agreement(s: ParityStats, bound: float) -> str:
-    from .stats import images_to_resolve
+    from .stats import images_to_resolve, rate_decided
 
     lo, hi = s.top1_agree_ci or (s.top1_agree, s.top1_agree)
     dis = 1 - s.top1_agree
-    need = images_to_resolve(dis, dis, 1 - bound, s.n)
+    need = images_to_resolve(dis, dis, 1 - bound, s.n, decided=rate_decided(s.top1_agree, bound))
     more = f"; about {need:,} would resolve {bound:.0%}" if need else ""
     return (f"inconclusive: top-1 agreement {s.top1_agree:.1%}, 95% interval {lo:.1%}-{hi:.1%}, is not above "
             f"{bound:.0%} on {s.n:,} images{more}")

@@ -15,6 +15,7 @@ Pure numpy and math: no scipy (the tests check these against scipy's own binomia
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -78,9 +79,14 @@ def paired_drop(down: int, up: int, n: int, confidence: float = 0.95) -> tuple[f
     return (down - up) / n, low, high
 
 
-def images_to_resolve(drop: float, flip_rate: float, bound: float, n: int) -> int | None:
+def images_to_resolve(drop: float, flip_rate: float, bound: float, n: int,
+                      decided: Callable[[int], bool] | None = None) -> int | None:
     """About how many images a paired drop interval needs to fall on one side of `bound` (fractions), were the
-    drop and the flip rate what they are now; None when they sit on the bound (no number of images decides)."""
+    drop and the flip rate what they are now; None when they sit on the bound (no number of images decides).
+
+    decided(N): whether the exact interval at the same rates on N images is decided; when given, the estimate is
+    raised by 10 % steps until it is (the normal approximation can fall a little short of the exact interval).
+    """
     margin = abs(bound - drop)
     if margin < 1e-12:
         return None
@@ -88,4 +94,27 @@ def images_to_resolve(drop: float, flip_rate: float, bound: float, n: int) -> in
     variance = max(rate - drop * drop, rate / 2)
     need = Z95 * Z95 * variance / (margin * margin)
     zero_flips = -math.log(0.0125) / max(bound, 1e-12) if drop <= 0 <= bound else 0  # d's upper end below bound
-    return int(math.ceil(max(need, zero_flips, n + 1)))
+    estimate = int(math.ceil(max(need, zero_flips, n + 1)))
+    if decided is None:
+        return estimate
+    for _ in range(60):
+        if decided(estimate):
+            return estimate
+        estimate = int(math.ceil(estimate * 1.1))
+    return estimate
+
+
+def drop_decided(down_rate: float, up_rate: float, bound: float) -> Callable[[int], bool]:
+    """Whether the paired drop interval of N images with these flip rates lies on one side of `bound`."""
+    def decided(n: int) -> bool:
+        _, lo, hi = paired_drop(round(down_rate * n), round(up_rate * n), n)
+        return hi <= bound or lo > bound
+    return decided
+
+
+def rate_decided(rate: float, bound: float) -> Callable[[int], bool]:
+    """Whether the exact interval of a rate on N trials lies on one side of `bound` (at or above counts above)."""
+    def decided(n: int) -> bool:
+        lo, hi = clopper_pearson(round(rate * n), n)
+        return lo >= bound or hi < bound
+    return decided

@@ -1,0 +1,136 @@
+"""Mutation testing of the decision modules with mutmut 3: does the test suite notice a broken line?
+
+    pip install 'vitexport[mutation]'
+    python scripts/mutation.py                      # every module below
+    python scripts/mutation.py parity/compare.py    # one (a key of MODULES)
+
+For each module, a scratch copy of the checkout (its tracked files) gets a [tool.mutmut] section that mutates
+only that module and runs only the tests that cover it (MODULES), with mutmut's fork server (torch and ONNX
+Runtime are not fork-safe). Prints, per module, the mutants killed, survived, timed out, and the score
+killed / (all - equivalent); the survivors with their diffs; and writes everything to --out (JSON). Mutants
+marked equivalent in EQUIVALENT (with why) are listed and left out of the score.
+
+Not part of CI: on 2 cores a module takes minutes to tens of minutes. Results: docs/MUTATION.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# module (under vitexport/) -> the tests that cover it (pytest arguments); fast ones, no export of a model
+MODULES: dict[str, list[str]] = {
+    "parity/compare.py": ["tests/test_parity_rules.py", "tests/test_intervals.py", "-k", "not bench"],
+    "parity/stats.py": ["tests/test_intervals.py", "-k", "not bench"],
+    "parity/accumulate.py": ["tests/test_parity_rules.py", "tests/test_intervals.py", "-k", "not bench"],
+    "tensorrt_engine/engine_info.py": ["tests/test_engine_info.py"],
+    "tensorrt_engine/trt_build.py": ["tests/test_trt_events.py"],
+    "backends/tensorrt.py": ["tests/test_gpu_runners_cpu.py", "tests/test_tensorrt_engine.py"],
+}
+
+# mutant name -> why it cannot change behaviour (left out of the score)
+EQUIVALENT: dict[str, str] = {}
+
+
+def scratch_copy(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in files.decode().split("\0"):
+        if name:
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target)
+
+
+def config(module: str, tests: list[str]) -> str:
+    def toml_list(items: list[str]) -> str:
+        return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+    return f"""
+[tool.mutmut]
+source_paths = ["vitexport"]
+only_mutate = ["vitexport/{module}"]
+also_copy = ["docs", "calibration", "models", "scripts", "README.md"]
+pytest_add_cli_args_test_selection = {toml_list(tests)}
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]
+process_isolation = "forkserver"
+timeout_multiplier = 5.0
+"""
+
+
+def results(work: Path) -> dict[str, str]:
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work,
+                         capture_output=True, text=True)
+    found = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"\s*([\w.ǁ]+__mutmut_\d+): (.+)$", line)
+        if m:
+            found[m.group(1)] = m.group(2).strip()
+    return found
+
+
+def show(work: Path, name: str) -> str:
+    return subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=work, capture_output=True,
+                          text=True).stdout
+
+
+def run_module(module: str, tests: list[str], workers: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="vitexport-mutation-") as tmp:
+        work = Path(tmp)
+        scratch_copy(work)
+        with open(work / "pyproject.toml", "a") as f:
+            f.write(config(module, tests))
+        t0 = time.perf_counter()
+        env = {**os.environ, "PYTHONPATH": str(work)}
+        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(workers)], cwd=work, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        found = results(work)
+        survivors = {n: show(work, n) for n, s in found.items() if s == "survived" and n not in EQUIVALENT}
+    counts: dict[str, int] = {}
+    for s in found.values():
+        counts[s] = counts.get(s, 0) + 1
+    equivalent = [n for n in found if n in EQUIVALENT]
+    decided = len(found) - len(equivalent)
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)  # a mutant that hangs the tests is caught too
+    return {"module": module, "tests": tests, "seconds": round(time.perf_counter() - t0), "mutants": len(found),
+            "counts": counts, "equivalent": {n: EQUIVALENT[n] for n in equivalent},
+            "score": round(killed / decided, 4) if decided else None, "survivors": survivors,
+            "no_tests": sorted(n for n, st in found.items() if st == "no tests"), "statuses": found}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("modules", nargs="*", help="keys of MODULES (default: all)")
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
+    ap.add_argument("--out", type=Path, default=Path("mutation.json"))
+    ap.add_argument("--quiet-survivors", action="store_true", help="do not print the survivors' diffs")
+    args = ap.parse_args()
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        sys.exit(f"unknown module(s) {', '.join(unknown)}; choose from: {', '.join(MODULES)}")
+    report = []
+    for module in args.modules or list(MODULES):
+        r = run_module(module, MODULES[module], args.workers)
+        report.append(r)
+        score = "n/a" if r["score"] is None else f"{r['score']:.1%}"
+        print(f"{module}: {r['mutants']} mutants, {r['counts']}, score {score}, {r['seconds']} s", flush=True)
+        if not args.quiet_survivors:
+            for name, diff in r["survivors"].items():
+                print(f"--- survived: {name}\n{diff}")
+            for name in r["no_tests"]:
+                print(f"--- no test runs it: {name}")
+        args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
