@@ -152,34 +152,64 @@ def _with_rates(n, down, up, agree=None):
     return compare(ref, out, labels)
 
 
-def test_an_undecided_drop_says_how_many_images_would_decide_it():
+def _need(text: str, bound: str) -> int:
+    return int(re.search(rf"about ([\d,]+) would resolve {bound}$", text).group(1).replace(",", ""))
+
+
+@pytest.mark.parametrize("n, down, up", [(200, 3, 1), (300, 3, 0), (150, 0, 0), (1, 1, 0), (400, 7, 2), (250, 1, 2)])
+def test_an_undecided_drop_says_how_many_images_would_decide_it(n, down, up):
+    from vitexport.parity.stats import paired_drop
+
     th = Thresholds(acc_drop=1.5)
-    s = _with_rates(200, down=3, up=1)  # a drop of 1 point on 200 images: its interval straddles 1.5
+    s = _with_rates(n, down=down, up=up)
     v = th.judge(s)
-    assert v.status == "inconclusive"
+    assert v.status == "inconclusive", v
     text = v.inconclusive[0]
-    assert text.startswith("inconclusive: top-1 accuracy drop 1.00 points, 95% interval ")
-    assert "on 200 images (3 flipped down, 1 up); about " in text and text.endswith(" would resolve 1.5 points")
-    need = int(re.search(r"about ([\d,]+) would", text).group(1).replace(",", ""))
-    assert need > 200
-    scale = need / 200  # the same rates on that many images decide it: the interval ends below 1.5
-    assert th.judge(_with_rates(round(200 * scale), down=round(3 * scale), up=round(scale))).status == "pass"
+    drop, lo, hi = s.acc_drop, *s.acc_drop_ci
+    assert text.startswith(f"inconclusive: top-1 accuracy drop {drop:.2f} points, 95% interval {lo:.2f} to {hi:.2f}, "
+                           f"is not within 1.5 on {n:,} images ({down} flipped down, {up} up); about ")
+    need = _need(text, "1.5 points")
+
+    def decided(m):  # the same flip rates on m images: the exact interval on one side of the bound
+        _, lo, hi = paired_drop(round(down / n * m), round(up / n * m), m)
+        return hi <= 0.015 or lo > 0.015
+
+    assert need > n and decided(need)
+    assert int(need / 1.1) <= n or not decided(int(need / 1.1))  # the first such size, to 10 %
 
 
-def test_an_undecided_agreement_says_how_many_images_would_decide_it():
+def test_a_drop_on_the_bound_cannot_be_decided_by_more_images():
+    th = Thresholds(acc_drop=1.0)
+    s = _stats(n=300, acc_ref=0.8, acc=0.79, acc_drop=1.0, acc_drop_ci=[-0.5, 2.5], flips_down=3, flips_up=0)
+    text = th.judge(s).inconclusive[0]
+    assert text.endswith("on 300 images (3 flipped down, 0 up)")  # no 'about N would resolve'
+
+
+@pytest.mark.parametrize("n, agree, bound", [(100, 97, 0.95), (300, 290, 0.95), (50, 46, 0.9)])
+def test_an_undecided_agreement_says_how_many_images_would_decide_it(n, agree, bound):
     from vitexport.parity.stats import clopper_pearson
 
-    th = Thresholds(top1_agree=0.95)
-    n, agree = 100, 97
+    th = Thresholds(top1_agree=bound)
     s = _stats(n=n, top1_agree=agree / n, top1_agree_ci=list(clopper_pearson(agree, n)))
-    text = th.judge(s).inconclusive[0]
+    v = th.judge(s)
+    assert v.status == "inconclusive", v
+    text = v.inconclusive[0]
     lo, hi = s.top1_agree_ci
-    assert text.startswith(f"inconclusive: top-1 agreement 97.0%, 95% interval {lo:.1%}-{hi:.1%}, is not above 95% "
-                           f"on 100 images; about ")
-    need = int(re.search(r"about ([\d,]+) would resolve 95%$", text).group(1).replace(",", ""))
-    k = round(need * agree / n)
-    assert clopper_pearson(k, need)[0] >= 0.95  # at that size the same rate is decided
-    assert clopper_pearson(round(need / 2 * agree / n), need // 2)[0] < 0.95  # and half of it is not
+    assert text.startswith(f"inconclusive: top-1 agreement {agree / n:.1%}, 95% interval {lo:.1%}-{hi:.1%}, is not "
+                           f"above {bound:.0%} on {n:,} images; about ")
+    need = _need(text, f"{bound:.0%}")
+
+    def decided(m):
+        lo, hi = clopper_pearson(round(agree / n * m), m)
+        return lo >= bound or hi < bound
+
+    assert need > n and decided(need)
+    assert int(need / 1.1) <= n or not decided(int(need / 1.1))
+
+
+def test_an_agreement_on_the_bound_cannot_be_decided_by_more_images():
+    s = _stats(n=100, top1_agree=0.95, top1_agree_ci=[0.89, 0.98])
+    assert Thresholds(top1_agree=0.95).judge(s).inconclusive[0].endswith("is not above 95% on 100 images")
 
 
 def test_describe_says_every_figure():

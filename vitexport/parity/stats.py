@@ -84,8 +84,9 @@ def images_to_resolve(drop: float, flip_rate: float, bound: float, n: int,
     """About how many images a paired drop interval needs to fall on one side of `bound` (fractions), were the
     drop and the flip rate what they are now; None when they sit on the bound (no number of images decides).
 
-    decided(N): whether the exact interval at the same rates on N images is decided; when given, the estimate is
-    raised by 10 % steps until it is (the normal approximation can fall a little short of the exact interval).
+    decided(N): whether the exact interval at the same rates on N images is decided; when given, the normal
+    approximation only seeds a search on a 10 % grid for the first size where the exact interval is decided (the
+    approximation can fall short of, or overshoot, the exact interval).
     """
     margin = abs(bound - drop)
     if margin < 1e-12:
@@ -97,10 +98,17 @@ def images_to_resolve(drop: float, flip_rate: float, bound: float, n: int,
     estimate = int(math.ceil(max(need, zero_flips, n + 1)))
     if decided is None:
         return estimate
+    if decided(estimate):  # step down while a smaller set still decides it
+        for _ in range(60):
+            smaller = int(estimate / 1.1)
+            if smaller <= n or not decided(smaller):
+                return estimate
+            estimate = smaller
+        return estimate
     for _ in range(60):
+        estimate = int(math.ceil(estimate * 1.1))
         if decided(estimate):
             return estimate
-        estimate = int(math.ceil(estimate * 1.1))
     return estimate
 
 
