@@ -23,6 +23,33 @@ def test_clopper_pearson_is_scipys_exact_interval(k, n):
     assert clopper_pearson(k, n) == pytest.approx((ci.low, ci.high), abs=1e-9)
 
 
+@pytest.mark.parametrize("k,n,confidence", [(3, 40, 0.975), (0, 12, 0.9), (12, 12, 0.99), (500, 1000, 0.5)])
+def test_clopper_pearson_at_other_confidences(k, n, confidence):
+    ci = binomtest(k, n).proportion_ci(confidence, method="exact")
+    assert clopper_pearson(k, n, confidence) == pytest.approx((ci.low, ci.high), abs=1e-9)
+
+
+def test_clopper_pearson_edges():
+    assert clopper_pearson(0, 0) == (0.0, 1.0) and clopper_pearson(0, -3) == (0.0, 1.0)  # no trials: anything
+    assert clopper_pearson(0, 25)[0] == 0.0 and clopper_pearson(25, 25)[1] == 1.0  # exactly, not nearly
+    with pytest.raises(ValueError, match="^5 successes of 3 trials$"):
+        clopper_pearson(5, 3)
+    with pytest.raises(ValueError, match="^-1 successes of 3 trials$"):
+        clopper_pearson(-1, 3)
+    assert paired_drop(0, 0, 0) == (0.0, -1.0, 1.0)  # no images: any drop
+
+
+@pytest.mark.parametrize("k,n,p", [(0, 10, 0.3), (-2, 10, 0.3), (3, 10, 0.0), (3, 10, 1.0), (4, 10, 0.25),
+                                   (1, 1, 0.5), (10, 10, 0.9), (300, 1000, 0.31)])
+def test_the_binomial_tail_is_scipys(k, n, p):
+    from scipy.stats import binom
+
+    from vitexport.parity.stats import _tail_ge
+
+    assert _tail_ge(k, n, p) == pytest.approx(float(binom.sf(k - 1, n, p)), abs=1e-12)
+    assert 0.0 <= _tail_ge(k, n, p) <= 1.0
+
+
 def _scipy_paired(down, up, n):
     """The paired drop's interval built from scipy alone: exact intervals at 97.5 % for the flip rate and for the
     share of flips that went down (exact McNemar), combined as drop = rate * (2 share - 1)."""
@@ -35,7 +62,7 @@ def _scipy_paired(down, up, n):
     return lo, hi
 
 
-@pytest.mark.parametrize("down,up,n", [(0, 0, 30), (1, 0, 30), (3, 1, 360), (0, 4, 360), (40, 12, 10_000),
+@pytest.mark.parametrize("down,up,n", [(1, 0, 1), (0, 1, 1), (0, 0, 1), (0, 0, 30), (1, 0, 30), (3, 1, 360), (0, 4, 360), (40, 12, 10_000),
                                        (12, 40, 10_000), (250, 250, 50_000)])
 def test_paired_drop_against_scipys_binomial_tests(down, up, n):
     drop, lo, hi = paired_drop(down, up, n)
