@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 
 from vitexport.parity.compare import DEFAULT_THRESHOLDS, ParityStats, Thresholds, compare, describe, judge
+from vitexport.parity.stats import clopper_pearson
 
 
 def _stats(**kw) -> ParityStats:
@@ -187,8 +188,6 @@ def test_a_drop_on_the_bound_cannot_be_decided_by_more_images():
 
 @pytest.mark.parametrize("n, agree, bound", [(100, 97, 0.95), (300, 290, 0.95), (50, 46, 0.9)])
 def test_an_undecided_agreement_says_how_many_images_would_decide_it(n, agree, bound):
-    from vitexport.parity.stats import clopper_pearson
-
     th = Thresholds(top1_agree=bound)
     s = _stats(n=n, top1_agree=agree / n, top1_agree_ci=list(clopper_pearson(agree, n)))
     v = th.judge(s)
@@ -243,3 +242,75 @@ def test_records_and_verdicts_as_reports_write_them():
                                                  "top1_agree": None, "acc_drop": None}
     assert export_thresholds() is EXPORT_THRESHOLDS and EXPORT_THRESHOLDS.max_abs == 1e-4
     assert export_thresholds(3e-4) == replace(EXPORT_THRESHOLDS, max_abs=3e-4)
+
+
+# -- the streamed figures at their edges ------------------------------------------------------------------------
+
+def test_cosine_of_small_logits_and_of_one_zero_vector():
+    ref = np.array([[3e-4, 4e-4], [0.0, 0.0], [1.0, 2.0]])
+    out = np.array([[4e-4, 3e-4], [1.0, 0.0], [0.0, 0.0]])
+    s = compare(ref, out)
+    # 0.96 whatever the scale; a zero vector against a non-zero one shares no direction: 0
+    assert s.cos_mean == pytest.approx(0.96 / 3) and s.cos_min == 0.0
+    assert compare(np.array([[1.0]]), np.array([[3.0]])).mean_abs == 2.0  # one value: its difference
+
+
+@pytest.mark.parametrize("rank, inside", [(4, True), (5, False), (6, False)])
+def test_top5_is_the_first_five_of_many_classes(rank, inside):
+    classes = 12
+    out = np.arange(classes, 0, -1, dtype=float)[None]  # class 0 first, class 11 last
+    ref = np.zeros((1, classes))
+    ref[0, rank] = 1.0  # the reference's top-1 is the candidate's (rank + 1)-th class
+    labels = np.array([rank])
+    s = compare(ref, out, labels)
+    assert s.top5_agree == float(inside) and s.top5_acc == float(inside) and s.top5_acc_ref == 1.0
+    assert s.top5_acc_ci == list(clopper_pearson(int(inside), 1))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_candidate_is_wrong_everywhere(bad):
+    ref = np.eye(3) * 4
+    out = np.eye(3) * 4
+    out[1, 0] = bad
+    labels = np.array([0, 1, 2])
+    s = compare(ref, out, labels)
+    assert math.isnan(s.max_abs) and math.isnan(s.mean_abs) and math.isnan(s.cos_min) and math.isnan(s.cos_mean)
+    assert (s.top1_agree, s.top5_agree, s.acc) == (0.0, 0.0, 0.0)
+    assert s.acc_ref == 1.0 and s.acc_drop == 100.0
+
+
+def test_the_streamed_intervals_are_the_exact_ones():
+    from vitexport.parity.accumulate import ParityAccumulator
+    from vitexport.parity.stats import paired_drop
+
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 8, 400)
+    ref = rng.standard_normal((400, 8)) + np.eye(8)[labels] * 2
+    out = ref + rng.standard_normal((400, 8)) * 0.8
+    acc = ParityAccumulator(400, labels)
+    for i in range(0, 400, 64):
+        acc.update(i, ref[i:i + 64], out[i:i + 64])
+    s = acc.stats()
+    agree = int((ref.argmax(1) == out.argmax(1)).sum())
+    right_ref, right_out = ref.argmax(1) == labels, out.argmax(1) == labels
+    down, up = int((right_ref & ~right_out).sum()), int((~right_ref & right_out).sum())
+    drop, lo, hi = paired_drop(down, up, 400)
+    assert s.top1_agree_ci == list(clopper_pearson(agree, 400)) and s.disagree == 400 - agree
+    assert s.acc_ref_ci == list(clopper_pearson(int(right_ref.sum()), 400))
+    assert s.acc_ci == list(clopper_pearson(int(right_out.sum()), 400))
+    assert (s.flips_down, s.flips_up) == (down, up) and down > 0 and up > 0
+    assert s.acc_drop == pytest.approx(drop * 100) and s.acc_drop_ci == pytest.approx([lo * 100, hi * 100])
+    top5 = lambda x: np.argsort(-x, axis=1)[:, :5]  # noqa: E731
+    assert s.top5_acc_ref == pytest.approx((top5(ref) == labels[:, None]).any(1).mean())
+    assert s.top5_acc == pytest.approx((top5(out) == labels[:, None]).any(1).mean())
+
+
+def test_what_was_not_compared_is_said():
+    from vitexport.parity.accumulate import ParityAccumulator
+
+    acc = ParityAccumulator(5)
+    acc.update(0, np.ones((2, 3)), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="^3 of 5 images were never compared$"):
+        acc.stats()
+    with pytest.raises(ValueError, match=r"^shape mismatch: \(2, 3\) vs \(2, 4\)$"):
+        acc.update(2, np.ones((2, 3)), np.ones((2, 4)))
