@@ -39,7 +39,21 @@ MODULES: dict[str, list[str]] = {
 }
 
 # mutant name -> why it cannot change behaviour (left out of the score)
-EQUIVALENT: dict[str, str] = {}
+_P, _S = "vitexport.parity.compare.", "vitexport.parity.stats."
+EQUIVALENT: dict[str, str] = {
+    _P + "x__undecided_drop__mutmut_25": "the flip rate only seeds images_to_resolve's search for the exact size",
+    _S + "x__log_pmf__mutmut_3": "an integer k is promoted to float64 by k * log(p): the same values",
+    _S + "x__log_pmf__mutmut_5": "an integer k is promoted to float64 by k * log(p): the same values",
+    _S + "x__tail_ge__mutmut_1": "k = 0 through the general sum gives 1.0 up to rounding, as the shortcut does",
+    _S + "x__tail_ge__mutmut_21": "a sum of probabilities never exceeds 1 beyond rounding: the clamp at 2 is the clamp at 1",
+    _S + "x__bisect__mutmut_2": "the functions bisected are flat past p = 1 (the p >= 1 branch): the same root to 1e-17",
+    _S + "x__bisect__mutmut_3": "one more halving of an interval already 2**-60 wide",
+    _S + "x__bisect__mutmut_10": "differs only where f(mid) is exactly 0, a measure-zero case of the root itself",
+    _S + "x_clopper_pearson__mutmut_2": "n = 0 through the general path gives (0.0, 1.0) as the shortcut does",
+    _S + "x_paired_drop__mutmut_26": "clopper_pearson(0, 0) is (0.0, 1.0), the value the branch spells out",
+    _S + "x_paired_drop__mutmut_48": "at e_hi == 0 both products are 0",
+    _S + "x_paired_drop__mutmut_55": "at e_lo == 0 both products are 0",
+}
 
 
 def scratch_copy(dest: Path) -> None:
@@ -61,7 +75,7 @@ source_paths = ["vitexport"]
 only_mutate = ["vitexport/{module}"]
 also_copy = ["docs", "calibration", "models", "scripts", "README.md"]
 pytest_add_cli_args_test_selection = {toml_list(tests)}
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
 process_isolation = "forkserver"
 timeout_multiplier = 5.0
 """

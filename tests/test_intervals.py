@@ -13,7 +13,7 @@ from vitexport.cli import cli
 from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.parity.accumulate import ParityAccumulator
 from vitexport.parity.compare import DEFAULT_THRESHOLDS, Thresholds, compare, judge
-from vitexport.parity.stats import clopper_pearson, images_to_resolve, paired_drop
+from vitexport.parity.stats import EXACT_SEARCH_LIMIT, clopper_pearson, images_to_resolve, paired_drop
 
 
 @pytest.mark.parametrize("k,n", [(0, 1), (1, 1), (0, 30), (1, 30), (15, 30), (29, 30), (30, 30), (356, 360),
@@ -160,3 +160,28 @@ def test_bench_strict_exits_1_on_an_undecided_bound(tmp_path):
     assert "inconclusive" in r.output and "30 images" in r.output
     r = CliRunner().invoke(cli, args)  # without --strict: said, exit 0
     assert r.exit_code == 0 and "inconclusive" in r.output
+
+
+@pytest.mark.parametrize("first", [31, 37, 1000, 50_000, 180_000])
+@pytest.mark.parametrize("drop, flips, bound", [(0.0, 0.0, 0.001), (0.0, 0.0, 0.2), (0.01, 0.02, 0.015)])
+def test_images_to_resolve_finds_the_first_deciding_size_from_any_estimate(first, drop, flips, bound):
+    """The estimate only seeds the search: from above or below, the answer is the first size, to 10 %, at which
+    `decided` holds."""
+    asked = []
+
+    def decided(m):
+        asked.append(m)
+        return m >= first
+
+    need = images_to_resolve(drop, flips, bound, 30, decided=decided)
+    if images_to_resolve(drop, flips, bound, 30) > EXACT_SEARCH_LIMIT:
+        assert not asked  # a set that large: the approximation, without exact intervals
+        return
+    assert first <= need <= first * 1.1 + 1, need
+    assert len(asked) < 60
+    assert images_to_resolve(bound, flips, bound, 30, decided=lambda m: True) is None  # on the bound: never
+
+
+def test_past_the_limit_the_search_gives_up_with_a_size_past_it():
+    need = images_to_resolve(0.01, 0.02, 0.015, 30, decided=lambda m: False)
+    assert need > EXACT_SEARCH_LIMIT

@@ -79,14 +79,17 @@ def paired_drop(down: int, up: int, n: int, confidence: float = 0.95) -> tuple[f
     return (down - up) / n, low, high
 
 
+EXACT_SEARCH_LIMIT = 200_000  # images: past this the normal approximation is close, and exact intervals are slow
+
+
 def images_to_resolve(drop: float, flip_rate: float, bound: float, n: int,
                       decided: Callable[[int], bool] | None = None) -> int | None:
     """About how many images a paired drop interval needs to fall on one side of `bound` (fractions), were the
     drop and the flip rate what they are now; None when they sit on the bound (no number of images decides).
 
-    decided(N): whether the exact interval at the same rates on N images is decided; when given, the normal
-    approximation only seeds a search on a 10 % grid for the first size where the exact interval is decided (the
-    approximation can fall short of, or overshoot, the exact interval).
+    decided(N): whether the exact interval at the same rates on N images is decided; when given (and the answer is
+    at most EXACT_SEARCH_LIMIT), the normal approximation only seeds a search for the first size, to 10 %, where
+    the exact interval is decided (the approximation can fall short of, or overshoot, it).
     """
     margin = abs(bound - drop)
     if margin < 1e-12:
@@ -96,20 +99,32 @@ def images_to_resolve(drop: float, flip_rate: float, bound: float, n: int,
     need = Z95 * Z95 * variance / (margin * margin)
     zero_flips = -math.log(0.0125) / max(bound, 1e-12) if drop <= 0 <= bound else 0  # d's upper end below bound
     estimate = int(math.ceil(max(need, zero_flips, n + 1)))
-    if decided is None:
+    if decided is None or estimate > EXACT_SEARCH_LIMIT:
         return estimate
-    if decided(estimate):  # step down while a smaller set still decides it
-        for _ in range(60):
-            smaller = int(estimate / 1.1)
-            if smaller <= n or not decided(smaller):
-                return estimate
-            estimate = smaller
-        return estimate
-    for _ in range(60):
-        estimate = int(math.ceil(estimate * 1.1))
-        if decided(estimate):
-            return estimate
-    return estimate
+    return _first_decided(decided, n, estimate)
+
+
+def _first_decided(decided: Callable[[int], bool], n: int, start: int) -> int:
+    """The first size above n, to 10 %, where decided() holds: bracketed from `start` by doubling or halving, then
+    narrowed geometrically. Past EXACT_SEARCH_LIMIT without a bracket: the limit's doubling, as the estimate."""
+    lo, hi = n, start  # lo: not decided (n is not: the set at hand is undecided); hi: decided, once known
+    if decided(start):
+        while (half := hi // 2) > n and decided(half):
+            hi = half
+        lo = max(lo, hi // 2)
+    else:
+        lo = start
+        while not decided(hi := lo * 2):
+            lo = hi
+            if hi > EXACT_SEARCH_LIMIT:
+                return hi
+    while hi > lo * 1.1 + 1:
+        mid = max(lo + 1, min(hi - 1, int(math.sqrt(lo * hi))))
+        if decided(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def drop_decided(down_rate: float, up_rate: float, bound: float) -> Callable[[int], bool]:
