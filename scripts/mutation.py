@@ -39,20 +39,68 @@ MODULES: dict[str, list[str]] = {
 }
 
 # mutant name -> why it cannot change behaviour (left out of the score)
-_P, _S = "vitexport.parity.compare.", "vitexport.parity.stats."
+_P, _S, _A = "vitexport.parity.compare.", "vitexport.parity.stats.", "vitexport.parity.accumulate."
 EQUIVALENT: dict[str, str] = {
     _P + "x__undecided_drop__mutmut_25": "the flip rate only seeds images_to_resolve's search for the exact size",
     _S + "x__log_pmf__mutmut_3": "an integer k is promoted to float64 by k * log(p): the same values",
     _S + "x__log_pmf__mutmut_5": "an integer k is promoted to float64 by k * log(p): the same values",
     _S + "x__tail_ge__mutmut_1": "k = 0 through the general sum gives 1.0 up to rounding, as the shortcut does",
-    _S + "x__tail_ge__mutmut_21": "a sum of probabilities never exceeds 1 beyond rounding: the clamp at 2 is the clamp at 1",
-    _S + "x__bisect__mutmut_2": "the functions bisected are flat past p = 1 (the p >= 1 branch): the same root to 1e-17",
+    _S + "x__tail_ge__mutmut_21":
+        "a sum of probabilities never exceeds 1 beyond rounding: the clamp at 2 is the clamp at 1",
+    _S + "x__bisect__mutmut_2":
+        "the functions bisected are flat past p = 1 (the p >= 1 branch): the same root to 1e-17",
     _S + "x__bisect__mutmut_3": "one more halving of an interval already 2**-60 wide",
     _S + "x__bisect__mutmut_10": "differs only where f(mid) is exactly 0, a measure-zero case of the root itself",
     _S + "x_clopper_pearson__mutmut_2": "n = 0 through the general path gives (0.0, 1.0) as the shortcut does",
     _S + "x_paired_drop__mutmut_26": "clopper_pearson(0, 0) is (0.0, 1.0), the value the branch spells out",
     _S + "x_paired_drop__mutmut_48": "at e_hi == 0 both products are 0",
     _S + "x_paired_drop__mutmut_55": "at e_lo == 0 both products are 0",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_7": "labels are compared with int64 indices whatever their dtype",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_9": "labels are compared with int64 indices whatever their dtype",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_17": "np.zeros is float64 by default",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_19": "np.zeros is float64 by default",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_22": "np.zeros is float64 by default",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_24": "np.zeros is float64 by default",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_31":
+        "top-1 indices compared for equality: float zeros hold them exactly",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_33":
+        "top-1 indices compared for equality: float zeros hold them exactly",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_36":
+        "top-1 indices compared for equality: float zeros hold them exactly",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_38":
+        "top-1 indices compared for equality: float zeros hold them exactly",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_41": "a float 0/1 array has the mean of the bool one",
+    _A + "xǁParityAccumulatorǁ__init____mutmut_43": "a float 0/1 array has the mean of the bool one",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_7":
+        "the logits are float already; differences and norms are taken in numpy's float arithmetic",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_9":
+        "the logits are float already; differences and norms are taken in numpy's float arithmetic",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_18":
+        "the logits are float already; differences and norms are taken in numpy's float arithmetic",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_20":
+        "the logits are float already; differences and norms are taken in numpy's float arithmetic",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_11": "numpy reads any negative size in reshape as 'the rest'",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_22": "numpy reads any negative size in reshape as 'the rest'",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_36": "None is falsy where False is tested",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_41":
+        "once a value is not finite every figure is NaN or 0 whatever replaced it",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_42":
+        "once a value is not finite every figure is NaN or 0 whatever replaced it",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_44":
+        "once a value is not finite every figure is NaN or 0 whatever replaced it",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_45":
+        "once a value is not finite every figure is NaN or 0 whatever replaced it",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_46":
+        "once a value is not finite every figure is NaN or 0 whatever replaced it",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_47":
+        "once a value is not finite every figure is NaN or 0 whatever replaced it",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_48":
+        "once a value is not finite every figure is NaN or 0 whatever replaced it",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_49":
+        "once a value is not finite every figure is NaN or 0 whatever replaced it",
+    _A + "xǁParityAccumulatorǁupdate__mutmut_58":
+        "only the maximum over all images is reported: the max of row maxima is the global max",
+    _A + "xǁParityAccumulatorǁstats__mutmut_8": "float('NAN') is float('nan')",
 }
 
 

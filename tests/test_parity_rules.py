@@ -314,3 +314,15 @@ def test_what_was_not_compared_is_said():
         acc.stats()
     with pytest.raises(ValueError, match=r"^shape mismatch: \(2, 3\) vs \(2, 4\)$"):
         acc.update(2, np.ones((2, 3)), np.ones((2, 4)))
+
+
+@pytest.mark.parametrize("classes", [5, 6, 7, 12, 100])
+def test_top5_agrees_with_a_full_sort_on_random_logits(classes):
+    rng = np.random.default_rng(classes)
+    ref, out = rng.standard_normal((300, classes)), rng.standard_normal((300, classes))
+    labels = rng.integers(0, classes, 300)
+    s = compare(ref, out, labels)
+    top5 = np.argsort(-out, axis=1)[:, :5]
+    assert s.top5_agree == pytest.approx((top5 == ref.argmax(1)[:, None]).any(1).mean())
+    assert s.top5_acc == pytest.approx((top5 == labels[:, None]).any(1).mean())
+    assert s.top5_acc_ref == pytest.approx((np.argsort(-ref, axis=1)[:, :5] == labels[:, None]).any(1).mean())
