@@ -187,16 +187,26 @@ def _acquire(folder: ModelFolder, log: Log, required: bool = True):
         if not required:
             return None
         raise VitexportError(f"Cannot write in {folder.path}: {write_reason(e, folder.path)}.") from None
-    timeout = lock_timeout()
     busy = f"being written by {_owner(folder)}" if folder.owner_path.exists() else \
         "in use by another vitexport run that reads it (bench, predict, a check)"
-    log.warn(f"{folder.path} is {busy}; waiting for it to finish (at most {timeout:g} s, see --lock-timeout).")
+    timeout = _say_waiting(folder, busy, log)
     try:
         lock.acquire(timeout=timeout)
     except Timeout:
-        raise VitexportError(f"{folder.path} is still {busy} after {timeout:g} s; let that run finish (or stop it) "
-                             f"and try again, or wait longer with --lock-timeout.") from None
+        raise _still_busy(folder, busy, timeout) from None
     return lock
+
+
+def _say_waiting(folder: ModelFolder, busy: str, log: Log) -> float:
+    """Warn that this run waits for the one holding the folder ('being written by pid ...'); the seconds it waits."""
+    timeout = lock_timeout()
+    log.warn(f"{folder.path} is {busy}; waiting for it to finish (at most {timeout:g} s, see --lock-timeout).")
+    return timeout
+
+
+def _still_busy(folder: ModelFolder, busy: str, timeout: float) -> VitexportError:
+    return VitexportError(f"{folder.path} is still {busy} after {timeout:g} s; let that run finish (or stop it) and "
+                          f"try again, or wait longer with --lock-timeout.")
 
 
 def _private_tempdir(folder: ModelFolder) -> Path | None:
@@ -297,7 +307,7 @@ def _acquire_shared(folder: ModelFolder, log: Log) -> int | None:
             continue
     if fd is None:
         return None
-    deadline, warned = None, False
+    deadline = None
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -307,14 +317,11 @@ def _acquire_shared(folder: ModelFolder, log: Log) -> int | None:
         except OSError:  # a file system without flock: nothing to share with
             os.close(fd)
             return None
-        if deadline is None:
-            owner, timeout = _owner(folder), lock_timeout()
+        if deadline is None:  # only a writer holds the lock exclusively
+            busy = f"being written by {_owner(folder)}"
+            timeout = _say_waiting(folder, busy, log)
             deadline = time.monotonic() + timeout
-            log.warn(f"{folder.path} is being written by {owner}; waiting for it to finish (at most {timeout:g} s, "
-                     f"see --lock-timeout).")
-            warned = True
         if time.monotonic() >= deadline:
             os.close(fd)
-            raise VitexportError(f"{folder.path} is still being written by {owner} after {timeout:g} s; let that "
-                                 f"run finish (or stop it) and try again, or wait longer with --lock-timeout.")
-        time.sleep(0.05 if warned and time.monotonic() + 1 < deadline else 0.01)
+            raise _still_busy(folder, busy, timeout)
+        time.sleep(0.05)
