@@ -165,9 +165,15 @@ class Skipped:
     """The files of a data folder a run leaves out, each with why: counted and reported, never silent."""
 
     entries: list[tuple[str, str, str]] = field(default_factory=list)  # (path, kind, detail), in the order found
+    first_error: ImageError | None = None  # the first image that could not be decoded
 
     def add(self, path: Path | str, kind: str, why: str = "") -> None:
         self.entries.append((str(path), kind, why))
+
+    def add_error(self, e: ImageError) -> None:
+        """An image that could not be decoded."""
+        self.add(e.path, e.kind, e.why)
+        self.first_error = self.first_error or e
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -190,10 +196,10 @@ class Skipped:
             parts.append(f"{count:,} {kind} ({shown}{more})")
         return "; ".join(parts)
 
-    def nothing_usable(self, count: int, source: str, first: ImageError | None) -> VitexportError:
+    def nothing_usable(self, count: int, source: str) -> VitexportError:
         """The one sentence for a run none of whose `count` inputs could be used: the file's own when it is one."""
-        if count == 1 and first is not None:
-            return first
+        if count == 1 and self.first_error is not None:
+            return self.first_error
         return VitexportError(f"None of the {count:,} images of {source} can be read: {self.details()}; remove or "
                               f"fix them.")
 

@@ -149,7 +149,6 @@ class InputCache:
         self.dir = Path(tempfile.mkdtemp(prefix=".vitexport-inputs-", dir=where))
         self.path = self.dir / "inputs.bin"
         self.kept = np.arange(self.n)
-        self._first_error: ImageError | None = None
         try:
             self.decode = self._fill(images, workers or default_workers(), progress)
         except BaseException:
@@ -157,7 +156,7 @@ class InputCache:
             raise
         if self.n == 0 and len(images):
             self.close()
-            raise images.skipped.nothing_usable(len(images), images.source, self._first_error)
+            raise images.skipped.nothing_usable(len(images), images.source)
 
     def _fill(self, images: ImageSet, workers: int, progress: Progress | None) -> DecodeStats:
         t0 = time.perf_counter()
@@ -173,8 +172,7 @@ class InputCache:
                 f.write(crops.tobytes())
                 kept += indices
                 for e in errors:
-                    images.skipped.add(e.path, e.kind, e.why)
-                    self._first_error = self._first_error or e
+                    images.skipped.add_error(e)
                 if progress:
                     progress(len(indices) + len(errors))
         self.kept, self.n = np.asarray(kept, np.int64), len(kept)

@@ -17,7 +17,8 @@ from typing import Iterator
 import numpy as np
 
 from .. import __version__
-from ..data.images import IMAGE_SUFFIXES, ImageError, Skipped, decode_crop, list_files, list_images, normalise, select
+from ..data.images import IMAGE_SUFFIXES, Skipped, list_files, list_images, normalise, select
+from ..data.stream import decoded_crops
 from ..errors import VitexportError
 from ..paths import sha256_file, write_text_atomic
 from ..progress import QUIET, Log
@@ -40,25 +41,17 @@ class CalibrationSet:
     npy_rows: list[tuple[int, int]] | None = None  # (file index, row) per input, for .npy data
     skipped: Skipped = field(default_factory=Skipped)  # what listing and decoding left out, and why
     unreadable: int = 0  # chosen images that could not be decoded (the others are calibrated on)
-    first_error: ImageError | None = None
 
     def batches(self, preprocess, batch: int = CALIB_BATCH) -> Iterator[np.ndarray]:
         """(B, 3, H, W) inputs, decoded only when asked for; an image that cannot be decoded is left out and
         noted in `skipped` (it never stops a calibration of the others)."""
         if self.npy_rows is None:
-            crops: list[np.ndarray] = []
-            for f in self.files:
-                try:
-                    crops.append(decode_crop(f, preprocess))
-                except ImageError as e:
-                    self.skipped.add(f, e.kind, e.why)
-                    self.unreadable += 1
-                    self.first_error = self.first_error or e
-                if len(crops) == batch:
-                    yield normalise(np.stack(crops), preprocess)
-                    crops = []
-            if crops:
-                yield normalise(np.stack(crops), preprocess)
+            for crops, _, errors in decoded_crops(self.files, preprocess, workers=1, chunk=batch):
+                for e in errors:
+                    self.skipped.add_error(e)
+                self.unreadable += len(errors)
+                if len(crops):
+                    yield normalise(crops, preprocess)
             return
         arrays = [np.load(f, mmap_mode="r", allow_pickle=False) for f in self.files]
         for i in range(0, len(self.npy_rows), batch):
@@ -174,7 +167,7 @@ def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, select
                                   settings.percentile, tick=tick)
             except VitexportError:
                 if data.unreadable and data.unreadable == data.count:
-                    raise data.skipped.nothing_usable(data.count, str(data.root), data.first_error) from None
+                    raise data.skipped.nothing_usable(data.count, str(data.root)) from None
                 raise
     if data.skipped:
         log.warn(data.skipped.summary(str(data.root)) + f" Calibrated on the other {stats.samples:,}.")
