@@ -194,13 +194,18 @@ def print_table(report: BenchReport, console=None) -> None:
                       f"decoded once in {dec['seconds']:.1f}s ({dec['images_per_s'] or 0:,.0f}/s, {dec['workers']} "
                       f"workers); inference per backend: "
                       + ", ".join(f"{r.name} {r.timing['inference_s']:.1f}s" for r in report.results if r.timing))
-    if (d.get("skipped") or {}).get("count"):
+    if skipped_count(d):
         console.print(f"  [yellow]{escape(skipped_line(d))}[/yellow]")
     if report.model["random_weights"]:
         console.print("  [yellow]Random weights (no checkpoint): latency is real, accuracy is meaningless.[/yellow]")
     env = report.environment
     console.print(f"  CPU: {escape(env['cpu'])} ({env['threads']} threads); GPU: "
                   f"{env['gpu']['name'] if env['gpu'] else 'none'}; wall time {report.wall_s:.0f}s")
+
+
+def skipped_count(data: dict) -> int:
+    """Files of the data folder the bench left out (0 in reports made before it counted them)."""
+    return int((data.get("skipped") or {}).get("count", 0))
 
 
 def skipped_line(data: dict) -> str:
@@ -234,7 +239,7 @@ def to_markdown(report: BenchReport) -> str:
         f"- weights: {'random (latency is real, accuracy meaningless)' if m['random_weights'] else m['checkpoint']['path']}",
         f"- inputs: {report.data['n_parity']} from `{report.data['source']}`"
         + (" (labelled)" if report.data["labelled"] else ""),
-        *([f"- {skipped_line(report.data)}"] if (report.data.get("skipped") or {}).get("count") else []),
+        *([f"- {skipped_line(report.data)}"] if skipped_count(report.data) else []),
         f"- reference: {report.reference}",
         f"- CPU: {env['cpu']}, {env['cores']} cores, {env['threads']} threads; GPU: "
         f"{env['gpu']['name'] if env['gpu'] else 'none'}",

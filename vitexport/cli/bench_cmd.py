@@ -129,7 +129,7 @@ def bench_command(target, spec, opts, no_prepare, files, log):
     from ..preflight import check_bench
 
     check_bench(target, spec, opts["batches"])  # a --batch that cannot fit: refused before torch is even loaded
-    from ..bench.report import print_table, write_outputs
+    from ..bench.report import print_table, skipped_count, write_outputs
     from ..bench.run import BenchOptions, prepare_bench, run_bench
 
     opts = BenchOptions(**opts)
@@ -142,7 +142,7 @@ def bench_command(target, spec, opts, no_prepare, files, log):
         raise VitexportError(f"Could not write the report: {e.strerror or e} ({e.filename}).") from None
     for p in written:
         click.echo(f"wrote {p}")
-    skipped = (report.data.get("skipped") or {}).get("count", 0)
+    skipped = skipped_count(report.data)
     if skipped and opts.strict:
         raise ParityError(f"{skipped:,} file(s) of {report.data['source']} were skipped (--strict); see the warning "
                           f"above and data.skipped in the JSON.")
