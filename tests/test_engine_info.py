@@ -145,3 +145,120 @@ def test_an_opaque_myelin_node_is_a_problem():
 def test_unusable_inspector_output_is_one_sentence(info, match):
     with pytest.raises(VitexportError, match=match):
         parse_engine_information(info)
+
+
+# --- the reading rules one at a time, on hand-made layers -------------------------------------------------------
+
+def _fact(**layer):
+    return parse_engine_information([layer]).layers[0]
+
+
+def _operand(dims, fmt="Int8"):
+    return {"Name": "x", "Dimensions": dims, "Format/Datatype": fmt}
+
+
+@pytest.mark.parametrize("dims,counts", [
+    ([1], False), ([], False), ([1, 1, 1], False), ([0], False), ([0, 768], False),  # no more than one element
+    ([2], True), ([2, 2], True), ([768, 1], True), ([1, 768], True),
+    ([-1], True), ([-1, 197, 768], True),  # a symbolic axis may hold any number of elements
+    (["batch", 768], True),  # a non-numeric axis is not read as a size
+])
+def test_only_operands_with_more_than_one_element_say_what_a_gemm_ran_in(dims, counts):
+    # an FP32 activation and an INT8 operand of these dimensions: the INT8 one decides only if it is not a scalar
+    fact = _fact(Name="fc", LayerType="gemm", Inputs=[_operand([8, 197, 768], "Float"), _operand(dims, "Int8")],
+                 Outputs=[_operand([8, 197, 768], "Float")])
+    assert fact.precision == ("int8" if counts else "fp32")
+
+
+def test_an_operand_without_dimensions_is_not_taken_for_a_scalar():
+    fact = _fact(Name="fc", LayerType="gemm", Inputs=[{"Name": "a", "Format/Datatype": "Int8"}],
+                 Constants=[_operand([1], "Float")], Outputs=[_operand([8, 768], "Float")])
+    assert fact.precision == "int8"
+
+
+def test_constants_count_as_operands_but_scalar_constants_do_not():
+    # TensorRT lists a GEMM's weights as constants: INT8 weights with FP16 activations ran as an INT8 GEMM
+    fact = _fact(Name="fc", LayerType="gemm", Inputs=[_operand([8, 197, 768], "Half")],
+                 Constants=[_operand([768, 768], "Int8")], Outputs=[_operand([8, 197, 768], "Half")])
+    assert fact.precision == "int8"
+    fact = _fact(Name="fc", LayerType="gemm", Inputs=[_operand([8, 197, 768], "Half")],
+                 Constants=[_operand([1], "Int8")], Outputs=[_operand([8, 197, 768], "Half")])
+    assert fact.precision == "fp16"
+
+
+def test_tensor_types_given_as_plain_strings_are_read():
+    fact = _fact(Name="fc", LayerType="gemm", Inputs=["Half", "Row major linear FP16 format"], Outputs=["Float"])
+    assert (fact.precision, fact.input_types, fact.output_types) == ("fp16", ("fp16", "fp16"), ("fp32",))
+
+
+def test_types_the_inspector_reports_win_over_the_tactic_name():
+    fact = _fact(Name="fc", LayerType="gemm", Inputs=[_operand([8, 768], "Float")],
+                 TacticName="sm90_xmma_gemm_i8i8_i8i32_f32_tn_n")
+    assert fact.precision == "fp32"
+
+
+def test_a_gemm_without_operand_types_falls_back_to_the_tactic_then_to_its_outputs():
+    no_types = [{"Name": "a", "Dimensions": [8, 768]}]
+    fact = _fact(Name="mha", LayerType="mha", Inputs=no_types, TacticName="sm90_fmha_v2_flash_attention_fp16_64")
+    assert (fact.kind, fact.precision) == ("attention", "fp16")
+    fact = _fact(Name="fc", LayerType="gemm", Inputs=no_types, Outputs=[{"Name": "o"}, _operand([8, 768], "Half")],
+                 TacticName="sm90_xmma_gemm_nn_n_tilesize128x128x64")  # no precision in the tactic name
+    assert (fact.precision, fact.output_types) == ("fp16", ("unknown", "fp16"))
+    fact = _fact(Name="fc", LayerType="gemm", Inputs=no_types, Outputs=[{"Name": "o"}])
+    assert (fact.precision, fact.input_types, fact.output_types) == ("unknown", ("unknown",), ("unknown",))
+
+
+def test_the_tactic_is_read_from_any_of_its_three_keys_and_kept():
+    for key in ("TacticName", "Tactic", "TacticValue"):
+        fact = _fact(Name="fc", LayerType="gemm", **{key: "sm80_xmma_gemm_i8i8_i8i32_f32_tn_n"})
+        assert (fact.tactic, fact.precision) == ("sm80_xmma_gemm_i8i8_i8i32_f32_tn_n", "int8"), key
+    fact = _fact(LayerType="Reformat")
+    assert (fact.name, fact.tactic, fact.precision) == ("", "", "unknown")
+
+
+@pytest.mark.parametrize("layer,kind,layer_type", [
+    ({"LayerType": "Myelin"}, "opaque", "Myelin"),
+    ({"Name": "{ForeignNode[/blocks.0/norm1/LayerNormalization]}", "LayerType": ""}, "opaque", ""),
+    ({"LayerType": "mha"}, "attention", "mha"),
+    ({"LayerType": "kgen", "TacticName": "FMHA_V2_FLASH_ATTENTION"}, "attention", "kgen"),
+    ({"LayerType": "kgen", "ParameterType": "MatrixMultiply"}, "gemm", "kgen"),
+    ({"ParameterType": "FullyConnected"}, "gemm", "FullyConnected"),
+    ({"TacticName": "sm80_xmma_gemm_f16f16_f16f16_f16_nn_n"}, "gemm", ""),  # nothing but a GEMM tactic
+    ({"TacticName": "copy_kernel"}, "other", ""),
+    ({"LayerType": "Reformat", "TacticName": "gemm_like_reformat"}, "other", "Reformat"),
+    ({"LayerType": "CaskGemmMatrixMultiply", "ParameterType": "MatrixMultiply"}, "gemm", "CaskGemmMatrixMultiply"),
+])
+def test_what_kind_of_layer_it_is(layer, kind, layer_type):
+    fact = _fact(**{"Name": "layer", **layer})
+    assert (fact.kind, fact.layer_type) == (kind, layer_type)
+
+
+@pytest.mark.parametrize("info,layout", [
+    ({"Layers": [{"Name": "a"}], "Bindings": []}, "10.x"),
+    ({"Layers": [{"Name": "a"}], "I/O Tensors": []}, "11.x"),
+    ({"Layers": [{"Name": "a"}]}, "unknown"),
+    ({"layers": [{"Name": "a"}]}, "unknown"),
+    ([{"Name": "a"}], "unknown"),
+])
+def test_the_layout_and_where_the_layers_are(info, layout):
+    engine = parse_engine_information(info)
+    assert (engine.layout, [f.name for f in engine.layers]) == (layout, ["a"])
+
+
+@pytest.mark.parametrize("info,sentence", [
+    ('{"Layers": ["fc1", "fc2"], "Bindings": []}',
+     "The engine inspector listed layer names only: the plan was built without ProfilingVerbosity.DETAILED; "
+     "rebuild it with this vitexport."),
+    ("{}", "The engine inspector listed no layers."),
+])
+def test_the_inspector_sentences_word_for_word(info, sentence):
+    with pytest.raises(VitexportError) as e:
+        parse_engine_information(info)
+    assert str(e.value) == sentence
+
+
+def test_an_fp32_attention_layer_is_a_problem_and_a_missing_tactic_is_shown_as_such():
+    engine = parse_engine_information([_gemm_10x("fc", "Int8"),
+                                       {"Name": "attn", "LayerType": "mha", "Inputs": [_operand([8, 12, 197, 64],
+                                                                                               "Float")]}])
+    assert precision_problems(engine, "int8") == ["attention 'attn' runs in fp32 (inputs ['fp32'], tactic ?)"]
