@@ -9,6 +9,8 @@ and enough of its behaviour that a wrong call shows:
   min <= opt <= max does not hold is refused as TensorRT refuses it (add_optimization_profile returns -1);
 - the parser fails with `PARSE_ERRORS` when a test sets them; `TIMING_CACHE` = 'corrupt' makes reading a cache
   raise, 'foreign' makes the builder reject it, as TensorRT does for another GPU or version;
+- arguments are checked as TensorRT's pybind11 binding checks them: a wrong type (None where an object, a path or
+  a buffer is expected) or a missing argument raises TypeError, an input index out of range gives None;
 - an execution context runs only on buffers a test registered (`register(tensor)`, as its stand-in CUDA stream
   allocates them) of the shapes the engine expects at the input and output addresses, and writes
   `logits_of(input)` into the output buffer: swapped or stale addresses fail instead of passing unnoticed.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import os
 import sys
 import types
 from typing import Any, Callable
@@ -33,16 +36,22 @@ class _Severity(enum.IntEnum):
     VERBOSE = 4
 
 
+def _require(value: Any, kind: type | tuple[type, ...], what: str) -> None:
+    """pybind11's argument check: TypeError for a value of another type (None included)."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{what}: incompatible function arguments ({type(value).__name__} given)")
+
+
 class ILogger:
     Severity = _Severity
 
     def __init__(self) -> None:
-        pass
+        _require(self, ILogger, "ILogger.__init__")
 
 
 class IProgressMonitor:
     def __init__(self) -> None:
-        pass
+        _require(self, IProgressMonitor, "IProgressMonitor.__init__")
 
 
 class NetworkDefinitionCreationFlag(enum.IntEnum):
@@ -73,8 +82,13 @@ class DataType(enum.IntEnum):
     HALF = 1
     INT8 = 2
     INT32 = 3
+    BOOL = 4
+    FP8 = 6
     BF16 = 7
-    INT64 = 9
+    INT64 = 8
+
+    def __str__(self) -> str:  # as pybind11 spells its enums
+        return f"DataType.{self.name}"
 
 
 class TensorIOMode(enum.IntEnum):
@@ -96,6 +110,13 @@ ENGINE_INFO = '{"Layers": [], "Bindings": []}'
 PARSE_ERRORS: list[str] = []  # the parser's errors: parse_from_file fails with them
 TIMING_CACHE = "ok"  # 'corrupt': create_timing_cache raises on a file's bytes; 'foreign': set_timing_cache refuses
 ENGINE_PROFILE = ((1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32))  # what a deserialized engine reports
+NETWORK_INPUTS: list[tuple[str, tuple[int, ...]]] = [("pixel_values", (-1, 3, 32, 32))]  # what the parser made
+PARSE_RESULT = True  # what parse_from_file returns when PARSE_ERRORS is empty
+PROFILE_REJECTED = False  # add_optimization_profile refuses every profile (returns -1)
+# a deserialized engine's I/O tensors: name -> (mode, data type)
+ENGINE_TENSORS: dict[str, tuple[int, int]] = {"pixel_values": (1, 0), "logits": (2, 0)}
+DESERIALIZE_ERRORS: list[str] = []  # logged by deserialize_cuda_engine, which then returns None
+NO_CONTEXT = False  # create_execution_context returns None (TensorRT's answer when GPU memory is short)
 created: dict[str, list[Any]] = {"builders": [], "parsers": [], "runtimes": [], "contexts": []}
 builds: list[dict[str, Any]] = []  # per build_serialized_network: what the builder config held
 buffers: dict[int, Any] = {}  # data_ptr -> tensor: device memory, as the test's stand-in stream allocated it
@@ -121,14 +142,19 @@ class _Tensor:
 
 
 class _Network:
-    num_inputs = 1
     num_outputs = 1
 
-    def get_input(self, i: int) -> _Tensor:
-        return _Tensor("pixel_values", (-1, 3, 32, 32))
+    @property
+    def num_inputs(self) -> int:
+        return len(NETWORK_INPUTS)
 
-    def get_output(self, i: int) -> _Tensor:
-        return _Tensor("logits", (-1, 10))
+    def get_input(self, i: int) -> _Tensor | None:
+        _require(i, int, "INetworkDefinition.get_input")
+        return _Tensor(*NETWORK_INPUTS[i]) if 0 <= i < len(NETWORK_INPUTS) else None
+
+    def get_output(self, i: int) -> _Tensor | None:
+        _require(i, int, "INetworkDefinition.get_output")
+        return _Tensor("logits", (-1, 10)) if 0 <= i < self.num_outputs else None
 
 
 class _TimingCache:
@@ -156,17 +182,20 @@ class _Config:
         self.cleared.append(flag)
 
     def add_optimization_profile(self, profile: _Profile) -> int:
-        if not profile.valid():
+        _require(profile, _Profile, "IBuilderConfig.add_optimization_profile")
+        if PROFILE_REJECTED or not profile.valid():
             return -1  # TensorRT: an invalid profile is not added
         self.profiles.append(profile)
         return len(self.profiles) - 1
 
     def create_timing_cache(self, data: bytes) -> _TimingCache:
+        memoryview(data)  # a py::buffer: TypeError for None or a str
         if data and TIMING_CACHE == "corrupt":
             raise RuntimeError("TimingCache: corrupted serialized cache")
         return _TimingCache(bytes(data))
 
-    def set_timing_cache(self, cache: _TimingCache, ignore_mismatch: bool = False) -> bool:
+    def set_timing_cache(self, cache: _TimingCache, ignore_mismatch: bool) -> bool:  # both required
+        _require(cache, _TimingCache, "IBuilderConfig.set_timing_cache")
         if cache.data and TIMING_CACHE == "foreign" and not ignore_mismatch:
             return False
         self.timing_cache = cache
@@ -201,6 +230,7 @@ class _HostMemory:
 
 class Builder:
     def __init__(self, logger: ILogger) -> None:
+        _require(logger, ILogger, "Builder.__init__")
         self.logger = logger
         created["builders"].append(self)
 
@@ -216,6 +246,8 @@ class Builder:
         return _Profile()
 
     def build_serialized_network(self, network: _Network, config: _Config) -> _HostMemory | None:
+        _require(network, _Network, "Builder.build_serialized_network")
+        _require(config, _Config, "Builder.build_serialized_network")
         assert config.profiles, "a network with a dynamic batch axis needs an optimization profile"
         builds.append({"profile": config.profiles[0].shapes, "workspace": config.pool_limits.get(
             MemoryPoolType.WORKSPACE), "cleared": list(config.cleared), "timing_cache": config.timing_cache,
@@ -245,18 +277,25 @@ class _ParserError:
 
 class OnnxParser:
     def __init__(self, network: _Network, logger: ILogger) -> None:
+        _require(network, _Network, "OnnxParser.__init__")
+        _require(logger, ILogger, "OnnxParser.__init__")
         self.logger = logger
+        self.parsed: list[str] = []
+        self.errors: list[str] = []
         created["parsers"].append(self)
 
     @property
     def num_errors(self) -> int:
-        return len(PARSE_ERRORS)
+        return len(self.errors)
 
-    def parse_from_file(self, path: str) -> bool:
-        return not PARSE_ERRORS
+    def parse_from_file(self, model: str) -> bool:
+        _require(model, str, "OnnxParser.parse_from_file")
+        self.parsed.append(model)
+        self.errors = list(PARSE_ERRORS) if os.path.isfile(model) else [f"Failed to open file: {model}"]
+        return PARSE_RESULT and not self.errors
 
     def get_error(self, i: int) -> _ParserError:
-        return _ParserError(PARSE_ERRORS[i])
+        return _ParserError(self.errors[i])
 
 
 class _Context:
@@ -278,10 +317,13 @@ class _Context:
         return (self.input_shape[0], 10) if name == "logits" else self.input_shape
 
     def set_tensor_address(self, name: str, ptr: int) -> bool:
+        _require(name, str, "IExecutionContext.set_tensor_address")
+        _require(ptr, int, "IExecutionContext.set_tensor_address")
         self.addresses[name] = ptr
         return True
 
     def execute_async_v3(self, stream_handle: int) -> bool:
+        _require(stream_handle, int, "IExecutionContext.execute_async_v3")
         """Run on the registered buffers at the addresses given: False (TensorRT's failure) when one is not a
         buffer of the right shape, as a swapped or stale address would be."""
         import torch
@@ -291,6 +333,9 @@ class _Context:
         if x is None or out is None or self.input_shape is None or tuple(x.shape) != self.input_shape or \
                 tuple(out.shape) != (self.input_shape[0], 10):
             return False
+        if (str(x.dtype), str(out.dtype)) != tuple(_TORCH_DTYPES.get(ENGINE_TENSORS[n][1]) for n in
+                                                   ("pixel_values", "logits")):
+            return False  # a buffer of another type than the engine's tensor: garbage on a real GPU
         out.copy_(torch.from_numpy(logits_of(x.float().numpy())))
         return True
 
@@ -301,23 +346,41 @@ class _Inspector:
         return ENGINE_INFO
 
 
+_TORCH_DTYPES = {DataType.FLOAT: "torch.float32", DataType.HALF: "torch.float16", DataType.BF16: "torch.bfloat16",
+                 DataType.INT8: "torch.int8", DataType.INT32: "torch.int32", DataType.INT64: "torch.int64"}
+
+
 class _Engine:
-    num_io_tensors = 2
+    num_profiles = 1
+
+    @property
+    def num_io_tensors(self) -> int:
+        return len(ENGINE_TENSORS)
 
     def get_tensor_name(self, i: int) -> str:
-        return ("pixel_values", "logits")[i]
+        _require(i, int, "ICudaEngine.get_tensor_name")
+        return list(ENGINE_TENSORS)[i]
+
+    def _tensor(self, name: str) -> tuple[int, int]:
+        _require(name, str, "ICudaEngine")
+        if name not in ENGINE_TENSORS:
+            raise RuntimeError(f"no tensor named {name!r} in the engine")  # TensorRT logs an error, returns junk
+        return ENGINE_TENSORS[name]
 
     def get_tensor_mode(self, name: str) -> TensorIOMode:
-        return TensorIOMode.INPUT if name == "pixel_values" else TensorIOMode.OUTPUT
+        return TensorIOMode(self._tensor(name)[0])
 
     def get_tensor_profile_shape(self, name: str, profile: int) -> tuple[tuple[int, ...], ...]:
+        _require(profile, int, "ICudaEngine.get_tensor_profile_shape")
+        if self._tensor(name)[0] != TensorIOMode.INPUT or not 0 <= profile < self.num_profiles:
+            raise RuntimeError(f"no profile {profile} for {name!r}")
         return ENGINE_PROFILE
 
     def get_tensor_dtype(self, name: str) -> DataType:
-        return DataType.FLOAT
+        return DataType(self._tensor(name)[1])
 
-    def create_execution_context(self) -> _Context:
-        return _Context()
+    def create_execution_context(self) -> _Context | None:
+        return None if NO_CONTEXT else _Context()
 
     def create_engine_inspector(self) -> _Inspector:
         return _Inspector()
@@ -325,12 +388,18 @@ class _Engine:
 
 class Runtime:
     def __init__(self, logger: ILogger) -> None:
+        _require(logger, ILogger, "Runtime.__init__")
         self.logger = logger
         created["runtimes"].append(self)
 
     def deserialize_cuda_engine(self, plan: bytes) -> _Engine | None:
+        memoryview(plan)  # a py::buffer
         if plan.startswith(b"bad"):
             self.logger.log(ILogger.Severity.ERROR, "Serialization assertion failed: magic tag mismatch")
+            return None
+        if DESERIALIZE_ERRORS:
+            for e in DESERIALIZE_ERRORS:
+                self.logger.log(ILogger.Severity.ERROR, e)
             return None
         return _Engine()
 
@@ -341,7 +410,10 @@ def install(monkeypatch: Any) -> types.ModuleType:
     this.on_build = this.on_step = None
     this.PLAN, this.STEPS = b"fake-plan", 6
     this.ENGINE_INFO = '{"Layers": [], "Bindings": []}'
-    this.PARSE_ERRORS, this.TIMING_CACHE = [], "ok"
+    this.PARSE_ERRORS, this.TIMING_CACHE, this.PARSE_RESULT, this.PROFILE_REJECTED = [], "ok", True, False
+    this.NETWORK_INPUTS = [("pixel_values", (-1, 3, 32, 32))]
+    this.ENGINE_TENSORS = {"pixel_values": (1, 0), "logits": (2, 0)}
+    this.DESERIALIZE_ERRORS, this.NO_CONTEXT = [], False
     this.ENGINE_PROFILE = ((1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32))
     for v in created.values():
         v.clear()

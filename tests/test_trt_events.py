@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import functools
 import io
+import re
 import time
 
 import fake_tensorrt
@@ -362,3 +363,163 @@ def test_after_a_ctrl_c_the_wait_lasts_until_tensorrt_has_stopped(ctrl_c):
     run_cancellable(build, monitor, out, poll_s=0.01)
     assert stopped.is_set()  # returned only once the build had stopped
     assert isinstance(monitor.failure, KeyboardInterrupt)
+
+
+# -- the build's own decisions, each seen from outside --------------------------------------------------------------
+
+def test_a_healthy_build_reports_its_steps_facts_and_saved_cache(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    monkeypatch.setattr("vitexport.tensorrt_engine.events.STEP_REPORT_S", 0.0)  # every step line is due
+
+    def phases(logger, monitor):  # a phase inside a phase, as TensorRT reports them
+        monitor.phase_start("Building engine", None, 2)
+        monitor.phase_start("Tactic selection", "Building engine", 3)
+        for step in range(3):
+            assert monitor.step_complete("Tactic selection", step)
+        monitor.phase_finish("Tactic selection")
+        assert monitor.step_complete("Building engine", 0)
+        monitor.phase_finish("Building engine")
+        return b"plan"
+
+    fake_tensorrt.on_build = phases
+    out = io.StringIO()
+    cache = tmp_path / "new" / "trt.cache"  # no cache yet: nothing is loaded, nothing is warned about
+    cache.parent.mkdir()
+    log = _RecordingLog()
+    log.stream = out
+    plan, facts = trt_build.build_engine(_onnx(tmp_path), BuildOptions(timing_cache=cache), log)
+    lines = [re.sub(r"^\[ *[0-9.]+s\] ", "", line) for line in out.getvalue().splitlines()]  # no clock prefix
+    assert plan == b"plan" and log.warnings == []
+    assert any(line.startswith("Parsing model.onnx into a strongly typed TensorRT network") for line in lines), lines
+    assert any(line.startswith("Building the fp16 engine (batch 1/8/32, image 3x32x32; this can take minutes)")
+               for line in lines), lines
+    assert any(line.startswith("  Building engine (2 steps,") for line in lines), lines
+    assert any(line.startswith("    Tactic selection (3 steps,") for line in lines), lines  # one level deeper
+    assert any(line.startswith("    Tactic selection: 3/3 (") for line in lines), lines
+    assert any(line.startswith("  Building engine: 1/2 (") for line in lines), lines
+    assert f"Saved the timing cache to {cache}." in lines
+    assert facts == {"input_name": "pixel_values", "chw": [3, 32, 32], "output_names": ["logits"],
+                     "timing_cache_loaded": False, "timing_cache_saved": True,
+                     "tensorrt_version": fake_tensorrt.__version__, "tensorrt_warnings": 0}
+    assert fake_tensorrt.created["parsers"][-1].parsed == [str(tmp_path / "model.onnx")]
+
+
+def test_without_a_timing_cache_none_is_given_loaded_or_saved(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    _, facts = trt_build.build_engine(_onnx(tmp_path), BuildOptions())
+    assert fake_tensorrt.builds[-1]["timing_cache"] is None  # TensorRT's own in-memory cache
+    assert facts["timing_cache_loaded"] is False and facts["timing_cache_saved"] is False
+
+
+def test_an_empty_plan_is_a_failed_build(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    fake_tensorrt.on_build = lambda logger, monitor: b""
+    with pytest.raises(VitexportError, match="could not build an engine from model.onnx and logged no error"):
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions())
+    fake_tensorrt.on_build = lambda logger, monitor: b"p"  # a plan of one byte is still a plan
+    assert trt_build.build_engine(_onnx(tmp_path), BuildOptions())[0] == b"p"
+
+
+@pytest.mark.parametrize("result,errors,first_line", [
+    (False, [], "TensorRT could not parse model.onnx and gave no reason; TensorRT's full log is in "),
+    (True, ["While parsing node 3: unsupported op"], "TensorRT could not parse model.onnx (1 error):"),
+])
+def test_a_parse_that_fails_or_reports_errors_stops_before_building_and_names_the_log(tmp_path, monkeypatch, result,
+                                                                                      errors, first_line):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    fake_tensorrt.PARSE_RESULT, fake_tensorrt.PARSE_ERRORS = result, errors
+    log_file = tmp_path / "trt.log"
+    with MESSAGES.echo(LogOptions(file=log_file)), pytest.raises(VitexportError) as e:
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions())
+    msg = str(e.value)
+    assert msg.startswith(first_line) and f"TensorRT's full log is in {log_file}" in msg
+    assert fake_tensorrt.builds == []
+
+
+def test_a_failed_build_names_the_log_being_written(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    fake_tensorrt.on_build = lambda logger, monitor: None
+    log_file = tmp_path / "trt.log"
+    with MESSAGES.echo(LogOptions(file=log_file)), pytest.raises(VitexportError) as e:
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions())
+    assert str(e.value) == ("TensorRT could not build an engine from model.onnx and logged no error; "
+                            f"TensorRT's full log is in {log_file}.")
+
+
+def test_ctrl_c_in_tensorrts_log_callback_cancels_the_build(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    steps = []
+
+    def step(i):
+        steps.append(i)
+        if i == 1:  # a warning whose printing is interrupted by Ctrl-C, inside TensorRT's logger callback
+            trt_build.LOGGER.log(fake_tensorrt.ILogger.Severity.WARNING, "slow tactic")
+
+    fake_tensorrt.on_step = step
+    with pytest.raises(KeyboardInterrupt):
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions(), _WarningRaises(KeyboardInterrupt()))
+    assert steps == [0, 1]  # the step after the interrupted callback told TensorRT to stop
+
+
+class _WarningRaises(Log):
+    """A progress log that raises when it is handed one of TensorRT's warnings (a Ctrl-C arriving then)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(stream=io.StringIO())
+        self.exc = exc
+
+    def info(self, text: str) -> None:
+        if text.startswith("TensorRT warning:"):
+            raise self.exc
+
+
+@pytest.mark.parametrize("inputs,sentence", [
+    ([("pixel_values", (-1, 3, 32, 32)), ("mask", (-1, 197))],
+     "model.onnx has 2 inputs; a ViT engine takes one image batch."),
+    ([("images", (-1, 3, -1, -1))],
+     "The ONNX input 'images' has a symbolic image size [3, -1, -1]; re-export it with a fixed image size "
+     "(the engine's profile only varies the batch)."),
+    ([("images", (4, 3, 32, 32))],
+     "The ONNX input 'images' has a fixed batch of 4, so the batch profile 2/8/48 cannot apply; re-export it with "
+     "`vitexport onnx` (symbolic batch)."),
+])
+def test_a_network_the_options_cannot_apply_to_is_one_sentence(tmp_path, monkeypatch, inputs, sentence):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    fake_tensorrt.NETWORK_INPUTS = inputs
+    with pytest.raises(VitexportError) as e:
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions(min_batch=2, opt_batch=8, max_batch=48))
+    assert str(e.value) == sentence and fake_tensorrt.builds == []
+
+
+def test_a_profile_tensorrt_rejects_is_named(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    fake_tensorrt.PROFILE_REJECTED = True
+    with pytest.raises(VitexportError) as e:
+        trt_build.build_engine(_onnx(tmp_path), BuildOptions(min_batch=2, opt_batch=8, max_batch=48))
+    assert str(e.value) == "TensorRT rejected the batch profile 2/8/48 for 'pixel_values'."
+
+
+class _Failing:
+    """A BuildMonitor stand-in whose callbacks raise: the adaptor must record the exception and stop the build."""
+
+    def __init__(self, exc):
+        self.exc, self.failures = exc, []
+
+    def phase_start(self, *a):
+        raise self.exc
+
+    step_complete = phase_finish = phase_start
+
+    def fail(self, e):
+        self.failures.append(e)
+
+
+def test_the_progress_adaptor_records_what_its_monitor_raises_and_stops_the_build(monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    exc = KeyboardInterrupt()
+    monitor = _Failing(exc)
+    adaptor = trt_build._ProgressMonitor(monitor)
+    adaptor.phase_start("Building engine", None, 3)
+    assert adaptor.step_complete("Building engine", 0) is False
+    adaptor.phase_finish("Building engine")
+    assert monitor.failures == [exc, exc, exc]
