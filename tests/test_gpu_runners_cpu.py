@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from test_engine_info import INT8_10X
-from test_tensorrt_engine import H200, _sidecar
+from test_tensorrt_engine import H100, H200, _sidecar
 
 from vitexport.artifacts.folder import ModelFolder
 from vitexport.artifacts.sidecar import write_sidecar
@@ -21,7 +21,7 @@ from vitexport.backends import tensorrt as trt_runner_module
 from vitexport.backends.base import Runner
 from vitexport.backends.tensorrt import TensorRTRunner
 from vitexport.bench.latency import measure_latency
-from vitexport.errors import BackendUnavailable
+from vitexport.errors import BackendUnavailable, VitexportError
 from vitexport.tensorrt_engine.options import BuildOptions
 
 
@@ -56,10 +56,10 @@ class RecordingStream:
         return 1.25
 
 
-def _loaded_runner(tmp_path, monkeypatch, plan=b"PLAN"):
+def _loaded_runner(tmp_path, monkeypatch, plan=b"PLAN", gpu=H200, sidecar_gpu=H200):
     trt_build = fake_tensorrt.install(monkeypatch)
     fake_tensorrt.ENGINE_INFO = json.dumps(INT8_10X)
-    monkeypatch.setattr(trt_runner_module, "require_trt_and_gpu", lambda: ("10.13.0.35", dict(H200)))
+    monkeypatch.setattr(trt_runner_module, "require_trt_and_gpu", lambda: ("10.13.0.35", dict(gpu)))
     monkeypatch.setattr(trt_runner_module, "CudaStream", RecordingStream)
 
     def no_current_stream(*a, **k):
@@ -68,7 +68,8 @@ def _loaded_runner(tmp_path, monkeypatch, plan=b"PLAN"):
     monkeypatch.setattr(torch.cuda, "current_stream", no_current_stream)
     path = ModelFolder(tmp_path).plan("int8")
     path.write_bytes(plan)
-    write_sidecar(ModelFolder(tmp_path).sidecar("int8"), _sidecar(tmp_path, precision="int8", plan=plan))
+    write_sidecar(ModelFolder(tmp_path).sidecar("int8"), _sidecar(tmp_path, precision="int8", plan=plan,
+                                                                  gpu=sidecar_gpu))
     return TensorRTRunner(path), trt_build
 
 
@@ -112,6 +113,152 @@ def test_a_plan_tensorrt_cannot_read_names_the_errors_of_this_load(tmp_path, mon
         runner.load()
     assert "magic tag mismatch" in str(e.value) and "earlier build" not in str(e.value)
     assert "rebuild with `vitexport trt" in str(e.value)
+
+
+def test_what_a_loaded_runner_reports(tmp_path, monkeypatch):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch, sidecar_gpu=H100)
+    with runner:
+        info = dict(runner.info)
+        assert runner.batch_range == (1, 8)  # the engine's own profile (ENGINE_PROFILE), not the sidecar's
+    assert runner.precision == "int8"
+    compat = info.pop("compatibility")
+    assert compat.startswith("model.int8.plan was built on NVIDIA H100 80GB HBM3, not on this NVIDIA H200")
+    assert runner.warnings == [compat]
+    sidecar = _sidecar(tmp_path, precision="int8")
+    expected = {"plan": str(ModelFolder(tmp_path).plan("int8")), "plan_sha256": sidecar["plan_sha256"],
+                "tensorrt": "10.13.0.35", "gpu": "NVIDIA H200", "compute_capability": "9.0",
+                "profile": sidecar["profile"], "source_onnx_sha256": "ab" * 32, "input": "pixel_values",
+                "output": "logits", "batch_range": [1, 8], "io_dtypes": ["DataType.FLOAT", "DataType.FLOAT"],
+                "timer": "CUDA events on the runner's stream"}
+    assert {k: info[k] for k in expected} == expected
+
+
+def test_the_precision_comes_from_the_sidecar_when_the_plan_name_does_not_say(tmp_path, monkeypatch):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    plain = tmp_path / "engine.plan"
+    ModelFolder(tmp_path).plan("int8").rename(plain)
+    ModelFolder(tmp_path).sidecar("int8").rename(tmp_path / "engine.plan.json")
+    runner = TensorRTRunner(plain)
+    assert runner.precision == "fp32"  # nothing says otherwise yet
+    with runner:
+        assert runner.precision == "int8"  # what the sidecar recorded
+    missing = TensorRTRunner(tmp_path / "other.plan")
+    with pytest.raises(BackendUnavailable) as e:
+        missing.load()
+    assert str(e.value) == f"{tmp_path / 'other.plan'} does not exist; build it with `vitexport trt {tmp_path} --fp32`."
+
+
+def test_without_a_source_name_in_the_sidecar_the_folders_source_for_the_precision_is_checked(tmp_path, monkeypatch):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    side = ModelFolder(tmp_path).sidecar("int8")
+    record = json.loads(side.read_text())
+    del record["source_onnx"]
+    side.write_text(json.dumps(record))
+    ModelFolder(tmp_path).plan_source("fp32").write_bytes(b"another graph")  # not what an INT8 plan is built from
+    source = ModelFolder(tmp_path).plan_source("int8")
+    source.write_bytes(b"a newer graph")  # its digest is not the sidecar's
+    with pytest.raises(BackendUnavailable) as e:
+        runner.load()
+    assert str(e.value) == (f"model.int8.plan was built from an earlier {source.name}; rebuild it with "
+                            f"`vitexport trt {tmp_path} --int8`.")
+    record["source_onnx"] = "../outside.onnx"
+    side.write_text(json.dumps(record))
+    with pytest.raises(BackendUnavailable, match="model.int8.plan.json"):  # the record that named it
+        TensorRTRunner(ModelFolder(tmp_path).plan("int8")).load()
+
+
+@pytest.mark.parametrize("errors,why", [
+    (["Version tag does not match", "  Engine deserialization failed  "],
+     "Version tag does not match; Engine deserialization failed"),
+    ([], "it logged no error"),
+])
+def test_a_plan_tensorrt_cannot_deserialize_is_one_sentence(tmp_path, monkeypatch, errors, why):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    fake_tensorrt.DESERIALIZE_ERRORS = errors
+    if not errors:  # None without a word
+        monkeypatch.setattr(fake_tensorrt.Runtime, "deserialize_cuda_engine", lambda self, plan: None)
+    with pytest.raises(BackendUnavailable) as e:
+        runner.load()
+    assert str(e.value) == (f"TensorRT could not deserialize model.int8.plan ({why}); rebuild with "
+                            f"`vitexport trt {tmp_path} --int8`.")
+
+
+@pytest.mark.parametrize("tensors,sentence", [
+    ({"pixel_values": (1, 0), "mask": (1, 0), "logits": (2, 0)},
+     "model.int8.plan has inputs ['pixel_values', 'mask'] and outputs ['logits']; a ViT engine has one image input "
+     "and a logits output."),
+    ({"pixel_values": (1, 0)},
+     "model.int8.plan has inputs ['pixel_values'] and outputs []; a ViT engine has one image input and a logits "
+     "output."),
+    ({"pixel_values": (1, 1), "logits": (2, 6)},
+     "model.int8.plan has I/O types DataType.HALF / DataType.FP8, which this runner cannot bind."),
+    ({"pixel_values": (1, 4), "logits": (2, 1)},
+     "model.int8.plan has I/O types DataType.BOOL / DataType.HALF, which this runner cannot bind."),
+])
+def test_an_engine_the_runner_cannot_bind_is_refused(tmp_path, monkeypatch, tensors, sentence):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    fake_tensorrt.ENGINE_TENSORS = tensors
+    with pytest.raises(BackendUnavailable) as e:
+        runner.load()
+    assert str(e.value) == sentence
+
+
+def test_no_execution_context_is_one_sentence(tmp_path, monkeypatch):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    fake_tensorrt.NO_CONTEXT = True
+    with pytest.raises(BackendUnavailable) as e:
+        runner.load()
+    assert str(e.value) == ("TensorRT could not create an execution context for model.int8.plan "
+                            "(out of GPU memory?).")
+
+
+def test_half_precision_io_is_bound_as_half(tmp_path, monkeypatch):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    fake_tensorrt.ENGINE_TENSORS = {"pixel_values": (1, 1), "logits": (2, 1)}  # the stand-in checks the buffer types
+    x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    with runner:
+        staged = runner.stage(x)
+        assert staged.dtype == torch.float16
+        out = runner.run(staged)
+        assert out.dtype == torch.float16 and runner.run(staged) is out  # one output buffer per shape, reused
+        np.testing.assert_allclose(runner.fetch(out), fake_tensorrt.logits_of(staged.float().numpy()), rtol=2e-3)
+        assert runner.info["io_dtypes"] == ["DataType.HALF", "DataType.HALF"]
+
+
+def test_inputs_the_engine_cannot_take_are_one_sentence_each(tmp_path, monkeypatch):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    with runner:
+        with pytest.raises(VitexportError) as e:
+            runner.stage(np.zeros((9, 3, 32, 32), np.float32))
+        assert str(e.value) == ("Batch 9 is outside the range 1-8 that model.int8.plan was built for; rebuild it with "
+                                "--min-batch/--max-batch covering 9.")
+        with pytest.raises(VitexportError) as e:
+            runner.stage(np.zeros((2, 3, 64, 64), np.float32))
+        assert str(e.value) == "model.int8.plan takes images of shape (3, 32, 32), got (3, 64, 64)."
+        big = fake_tensorrt.register(torch.zeros((9, 3, 32, 32)))  # not made by stage(): run() checks it too
+        with pytest.raises(VitexportError) as e:
+            runner.run(big)
+        assert str(e.value).startswith("Batch 9 is outside the range 1-8 that model.int8.plan was built for")
+        wrong = fake_tensorrt.register(torch.zeros((2, 3, 16, 16)))
+        with pytest.raises(VitexportError) as e:
+            runner.run(wrong)
+        assert str(e.value) == "TensorRT rejected the input shape (2, 3, 16, 16) for model.int8.plan."
+        unknown = torch.zeros((2, 3, 32, 32))  # memory the stand-in never allocated: the engine cannot run on it
+        with pytest.raises(VitexportError) as e:
+            runner.run(unknown)
+        assert str(e.value) == "TensorRT failed to run model.int8.plan at batch 2."
+
+
+def test_an_unloaded_or_closed_runner_says_so(tmp_path, monkeypatch):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    for _ in range(2):  # before load(), and after close()
+        runner.synchronize()  # nothing queued: nothing to wait for
+        for call in (lambda: runner.stage(np.zeros((2, 3, 32, 32), np.float32)), runner.engine_layers):
+            with pytest.raises(BackendUnavailable) as e:
+                call()
+            assert str(e.value) == f"{runner.name} is not loaded."
+        runner.load()
+        runner.close()
 
 
 # -- CudaStream against a stand-in torch.cuda ------------------------------------------------------------------------

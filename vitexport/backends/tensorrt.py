@@ -160,10 +160,11 @@ class TensorRTRunner(Runner):
 
     # -- inference --------------------------------------------------------------------------------------
     def stage(self, x: np.ndarray) -> Any:
+        stream = self._live_stream()  # first: before load() the batch range and image shape are not known
         check_batch(int(x.shape[0]), *self._batch_range, self.plan_path.name)
         if tuple(x.shape[1:]) != self._chw:
             raise VitexportError(f"{self.plan_path.name} takes images of shape {self._chw}, got {tuple(x.shape[1:])}.")
-        return self._live_stream().upload(x, self._in_dtype)
+        return stream.upload(x, self._in_dtype)
 
     def _live_stream(self) -> Any:
         if self._stream is None or self._context is None:
