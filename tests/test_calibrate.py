@@ -131,3 +131,95 @@ def test_collector_memory_does_not_grow_with_batches():
     p50, s50 = peak(50)
     assert s5 <= s50 <= (MAX_BINS + 1) * 8
     assert p50 < p5 * 1.5 + 200_000
+
+
+# -- calibrate(): a tiny graph run by ONNX Runtime, its ranges against numpy on the same values ---------------------
+
+def _graph(tmp_path, value_info_type=None):
+    """y = relu(x * w): the tensors 'h' (x * w, negative values too) and 'y' are calibrated."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    w = numpy_helper.from_array(np.linspace(-2, 2, 8, dtype=np.float32).reshape(1, 8), "w")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    vi = [helper.make_tensor_value_info("h", value_info_type, [None, 8])] if value_info_type else []
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])], [w],
+                              value_info=vi)
+    path = tmp_path / "g.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return path, numpy_helper.to_array(w)
+
+
+def test_calibrate_gives_each_tensors_range_by_each_method(tmp_path):
+    from vitexport.precision.calibrate import calibrate
+
+    path, w = _graph(tmp_path)
+    rng = np.random.default_rng(3)
+    batches = [rng.standard_normal((n, 8)).astype(np.float64) for n in (5, 3, 7)]  # float64: converted to float32
+    h = np.concatenate([b.astype(np.float32) * w for b in batches])
+    y = np.maximum(h, 0)
+    ticks = []
+    stats = calibrate(path, ["h", "y"], iter(batches), "x", method="minmax", tick=ticks.append)
+    assert ticks == [5, 3, 7] and stats.samples == 15 and stats.seconds >= 0
+    assert stats.amax == {"h": pytest.approx(float(np.abs(h).max())), "y": pytest.approx(float(y.max()))}
+    for p in (50.0, 90.0):
+        got = calibrate(path, ["h"], iter(batches), "x", method="percentile", percentile=p).amax["h"]
+        want = float(np.sort(np.abs(h).ravel())[math.ceil(h.size * p / 100) - 1])
+        assert want - 1e-6 <= got <= want + float(np.abs(h).max()) / 2048 * 2 + 1e-6, p  # the upper edge of a bin
+    entropy = calibrate(path, ["h"], iter(batches), "x", method="entropy").amax["h"]
+    assert 0 < entropy <= float(np.abs(h).max()) + 1e-6
+    assert list(calibrate(path, ["y", "h"], iter(batches), "x", method="minmax").amax) == ["y", "h"]
+
+
+def test_calibrate_refuses_what_it_cannot_do_in_one_sentence(tmp_path):
+    from vitexport.precision.calibrate import calibrate
+
+    path, _ = _graph(tmp_path)
+    one = [np.ones((2, 8), np.float32)]
+    with pytest.raises(VitexportError) as e:
+        calibrate(path, ["h"], one, "x", method="kl")
+    assert str(e.value) == "Unknown calibration method 'kl'; choose one of: minmax, entropy, percentile."
+    for p in (0, -1, 100.5):
+        with pytest.raises(VitexportError) as e:
+            calibrate(path, ["h"], one, "x", percentile=p)
+        assert str(e.value) == f"The calibration percentile must be in (0, 100], got {p}."
+    assert calibrate(path, ["h"], one, "x", percentile=100).amax["h"] == pytest.approx(2.0)  # 100 is allowed
+    with pytest.raises(VitexportError) as e:
+        calibrate(path, ["h"], [], "x")
+    assert str(e.value) == "No calibration inputs were given."
+    with pytest.raises(VitexportError) as e:
+        calibrate(path, ["h", "missing"], one, "x")
+    assert str(e.value) == "The graph has no tensor 'missing' to calibrate."
+
+
+def test_the_observed_graph_adds_each_tensor_once_with_its_type(tmp_path):
+    import onnx
+
+    from vitexport.precision.calibrate import observed_model_bytes
+
+    path, _ = _graph(tmp_path, value_info_type=onnx.TensorProto.DOUBLE)  # a type that shows where it came from
+    model = onnx.load_from_string(observed_model_bytes(path, ["h", "y", "x"]))
+    outputs = {o.name: o.type.tensor_type.elem_type for o in model.graph.output}
+    assert list(outputs) == ["y", "h", "x"]  # 'y' was an output already: not added twice
+    assert outputs["h"] == onnx.TensorProto.DOUBLE and outputs["x"] == onnx.TensorProto.FLOAT
+    plain, _ = _graph(tmp_path)
+    model = onnx.load_from_string(observed_model_bytes(plain, ["h"]))
+    assert {o.name: o.type.tensor_type.elem_type for o in model.graph.output}["h"] == onnx.TensorProto.FLOAT
+
+
+def test_a_collector_that_saw_nothing_gives_zero_and_a_histogram_ignores_empty_batches():
+    for method in ("minmax", "percentile", "entropy"):
+        c = _Collector(method, 99.0)
+        c.update(np.zeros((0, 4), np.float32))
+        assert c.result() == 0.0, method
+    c = _Collector("percentile", 100.0)
+    c.update(np.zeros((0,), np.float32))
+    c.update(np.array([0.5, -3.0], np.float32))
+    assert c.hist.counts.sum() == 2 and c.result() == pytest.approx(3.0)
+
+
+def test_an_all_zero_tensor_has_a_zero_range():
+    for method in ("minmax", "percentile", "entropy"):
+        c = _Collector(method, 99.9)
+        c.update(np.zeros((4, 4), np.float32))
+        assert c.result() == 0.0, method

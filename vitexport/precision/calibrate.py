@@ -89,6 +89,8 @@ class AbsHistogram:
 
     def entropy_amax(self) -> float:
         """The threshold whose 128-level quantization loses least information (KL divergence), as TensorRT."""
+        if self.amax == 0:  # only zeros: no distribution to compare (and 0 / 0 below)
+            return 0.0
         counts, width = self.coarse(HIST_BINS)
         return min(self.amax, _kl_threshold(counts) * width)
 
