@@ -35,12 +35,28 @@ MODULES: dict[str, list[str]] = {
     "parity/accumulate.py": ["tests/test_parity_rules.py", "tests/test_intervals.py", "-k", "not bench"],
     "tensorrt_engine/engine_info.py": ["tests/test_engine_info.py"],
     "tensorrt_engine/trt_build.py": ["tests/test_trt_events.py"],
-    "backends/tensorrt.py": ["tests/test_gpu_runners_cpu.py", "tests/test_tensorrt_engine.py"],
+    "backends/tensorrt.py": ["tests/test_gpu_runners_cpu.py", "tests/test_tensorrt_engine.py",
+                             "tests/test_trt_events.py"],
+    "artifacts/verify.py": ["tests/test_verify.py"],
+    "preflight.py": ["tests/test_preflight.py", "tests/test_faults.py", "-k", "estimate or preflight"],
+    "precision/calibrate.py": ["tests/test_calibrate.py"],
+    "precision/qdq.py": ["tests/test_qdq.py"],
 }
 
 # mutant name -> why it cannot change behaviour (left out of the score)
 _P, _S, _A = "vitexport.parity.compare.", "vitexport.parity.stats.", "vitexport.parity.accumulate."
+_E, _B = "vitexport.tensorrt_engine.engine_info.", "vitexport.tensorrt_engine.trt_build."
 EQUIVALENT: dict[str, str] = {
+    _E + "x_dtype_of__mutmut_8": "the text is lower-cased before the split: A-Z never occurs in it",
+    _E + "x__kind__mutmut_37": "the pattern is matched with re.I: its letters' case does not matter",
+    _E + "x__is_scalar__mutmut_26": "a symbolic axis counts as 2 or 3 elements: more than one either way",
+    _E + "x_layer_fact__mutmut_103": "'unknown' is not in PRECISION_ORDER: _narrowest drops it anyway",
+    _E + "x_layer_fact__mutmut_104": "'unknown' is not in PRECISION_ORDER: _narrowest drops it anyway",
+    _B + "x__use_timing_cache__mutmut_9": "pybind11 converts None to False for a bool argument (type_caster<bool>)",
+    _B + "x__use_timing_cache__mutmut_17": "pybind11 converts None to False for a bool argument (type_caster<bool>)",
+    _B + "x__use_timing_cache__mutmut_22": "an empty timing cache has no entry whose mismatch could be ignored",
+    _B + "xǁ_ProgressMonitorǁphase_finish__mutmut_1":
+        "BuildMonitor.phase_finish only forgets the phase's last report time; nothing reads it after the phase ends",
     _P + "x__undecided_drop__mutmut_25": "the flip rate only seeds images_to_resolve's search for the exact size",
     _S + "x__log_pmf__mutmut_3": "an integer k is promoted to float64 by k * log(p): the same values",
     _S + "x__log_pmf__mutmut_5": "an integer k is promoted to float64 by k * log(p): the same values",
