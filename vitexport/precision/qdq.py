@@ -28,6 +28,7 @@ from .convert import save_checked, to_fp16, topological_sort
 
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
+BUMPABLE_FROM = 18  # from this opset on the number is raised to 19 in place; below, onnx's converter converts
 INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q (TensorRT's convention)
 CPU_WEIGHT_MAX = CPU_INT8_WEIGHT_MAX  # the CPU graph's weights: 7 bits, so VPMADDUBSW's pair sums cannot saturate
 MIN_SCALE = 2.0 ** -14  # smallest normal FP16: a zero range still gets a representable scale
@@ -125,6 +126,8 @@ def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, fl
     scale_dtype float32), with weights in [-weight_max, weight_max] and ranges taken from the FP32 model."""
     import onnx
 
+    if scale_dtype == np.float16 and _opset(model16) < BUMPABLE_FROM:
+        model16 = _converted(model16, TRT_INT8_OPSET)
     writer = _QDQWriter(fp32_model, model16.graph, amax, scale_dtype, weight_max)
     fp32_nodes = {n.name: n for n in fp32_model.graph.node}
     for node in model16.graph.node:
@@ -199,10 +202,29 @@ class _QDQWriter:
             self.graph.initializer.remove(init)
 
 
+def _opset(model) -> int:
+    return max((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), default=0)
+
+
 def _set_opset(model, version: int) -> None:
+    """Raise the default domain's opset in place: from 18 (BUMPABLE_FROM) on, every operator that changed in 19
+    only gained types or attributes with defaults, so the graph means what it meant."""
     for op in model.opset_import:
         if op.domain in ("", "ai.onnx") and op.version < version:
             op.version = version
+
+
+def _converted(model, version: int):
+    """A graph below opset 18 through onnx's version converter (opset 18 moved the Reduce ops' axes and Split's
+    sizes to inputs); one it cannot convert is one sentence."""
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, version)
+    except Exception as e:  # the converter raises RuntimeError/ValueError/its own errors
+        raise VitexportError(f"The graph's opset {_opset(model)} could not be converted to opset {version}, which "
+                             f"FP16 Q/DQ scales need ({str(e).strip().splitlines()[0] if str(e).strip() else e!r}); "
+                             f"export it again with --opset {version}.") from None
 
 
 def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]):
@@ -240,8 +262,8 @@ def trt_int8_invariants(model) -> dict:
     scale_types = {onnx.TensorProto.DataType.Name(inits[n.input[1]].data_type) for n in dq if n.input[1] in inits}
     zero_points_nonzero = sum(1 for n in dq if len(n.input) > 2 and n.input[2] in inits
                               and np.any(numpy_helper.to_array(inits[n.input[2]]) != 0))
-    dq_into_gemm = sum(1 for n in graph.node if n.op_type == "DequantizeLinear"
-                       and all(c.op_type in LINEAR_OPS for c in consumers.get(n.output[0], [])))
+    dq_into_gemm = sum(1 for n in graph.node if n.op_type == "DequantizeLinear" and consumers.get(n.output[0])
+                       and all(c.op_type in LINEAR_OPS for c in consumers[n.output[0]]))
     cast_between = sum(1 for n in graph.node if n.op_type == "Cast" and n.input[0] in producer
                        and producer[n.input[0]].op_type == "DequantizeLinear")
     float_types = _float_tensor_types(model)
