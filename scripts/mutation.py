@@ -46,7 +46,15 @@ MODULES: dict[str, list[str]] = {
 # mutant name -> why it cannot change behaviour (left out of the score)
 _P, _S, _A = "vitexport.parity.compare.", "vitexport.parity.stats.", "vitexport.parity.accumulate."
 _E, _B = "vitexport.tensorrt_engine.engine_info.", "vitexport.tensorrt_engine.trt_build."
+_R = "vitexport.backends.tensorrt.xǁTensorRTRunnerǁ"
+_UNREAD = "a placeholder until load() sets it: stage(), run() and engine_layers() refuse an unloaded runner first"
 EQUIVALENT: dict[str, str] = {
+    **{f"{_R}__init____mutmut_{i}": _UNREAD for i in (12, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24)},
+    _R + "_check_plan__mutmut_47": "read_sidecar refuses a sidecar without 'precision': the default is never taken",
+    _R + "_check_plan__mutmut_49": "read_sidecar refuses a sidecar without 'precision': the default is never taken",
+    _R + "_source_onnx__mutmut_9":
+        "read_sidecar already refused a source name out of the folder, with the sidecar's name in its sentence",
+    _R + "_live_stream__mutmut_1": "load() sets the stream and the context together and close() clears both",
     _E + "x_dtype_of__mutmut_8": "the text is lower-cased before the split: A-Z never occurs in it",
     _E + "x__kind__mutmut_37": "the pattern is matched with re.I: its letters' case does not matter",
     _E + "x__is_scalar__mutmut_26": "a symbolic axis counts as 2 or 3 elements: more than one either way",
