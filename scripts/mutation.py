@@ -46,6 +46,7 @@ MODULES: dict[str, list[str]] = {
 # mutant name -> why it cannot change behaviour (left out of the score)
 _P, _S, _A = "vitexport.parity.compare.", "vitexport.parity.stats.", "vitexport.parity.accumulate."
 _E, _B = "vitexport.tensorrt_engine.engine_info.", "vitexport.tensorrt_engine.trt_build."
+_V, _F = "vitexport.artifacts.verify.", "vitexport.preflight."
 _R = "vitexport.backends.tensorrt.xǁTensorRTRunnerǁ"
 _UNREAD = "a placeholder until load() sets it: stage(), run() and engine_layers() refuse an unloaded runner first"
 EQUIVALENT: dict[str, str] = {
@@ -55,6 +56,12 @@ EQUIVALENT: dict[str, str] = {
     _R + "_source_onnx__mutmut_9":
         "read_sidecar already refused a source name out of the folder, with the sidecar's name in its sentence",
     _R + "_live_stream__mutmut_1": "load() sets the stream and the context together and close() clears both",
+    _V + "x_check_plan__mutmut_62":
+        "read_sidecar already refused a source name out of the folder, with the sidecar's name in its sentence",
+    _F + "x_vit_memory__mutmut_41": "a missing num_classes gives None or 0: both are 0 classes",
+    _F + "x_vit_memory__mutmut_43": "a missing num_classes gives None or 0: both are 0 classes",
+    _F + "x_check_op_types__mutmut_6": "onnx.load tests load_external_data for truth: None is False",
+    _F + "x_check_op_types__mutmut_18": "3 is difflib.get_close_matches' default n",
     _E + "x_dtype_of__mutmut_8": "the text is lower-cased before the split: A-Z never occurs in it",
     _E + "x__kind__mutmut_37": "the pattern is matched with re.I: its letters' case does not matter",
     _E + "x__is_scalar__mutmut_26": "a symbolic axis counts as 2 or 3 elements: more than one either way",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -136,6 +137,8 @@ def test_the_shape_of_a_spec(monkeypatch):
     assert config == {"img_size": (384, 384), "patch_size": (16, 16), "embed_dim": 384, "depth": 12, "num_heads": 6,
                       "mlp_ratio": 4.0, "in_chans": 3, "num_classes": 0}
     assert preflight.spec_config(ModelSpec("vit_small_patch16_384"))["num_classes"] == 1000
+    overridden = preflight.spec_config(ModelSpec("vit_small_patch16_384", overrides={"embed_dim": 512, "depth": 3}))
+    assert (overridden["embed_dim"], overridden["depth"], overridden["num_heads"]) == (512, 3, 6)  # a hub config's
 
 
 def test_bench_takes_the_shape_from_the_folders_manifest_else_from_the_spec(tmp_path, monkeypatch):
@@ -145,9 +148,11 @@ def test_bench_takes_the_shape_from_the_folders_manifest_else_from_the_spec(tmp_
     preflight.check_bench(tmp_path / "nothing here", None, (4,))  # no manifest: opening it will say so
     folder = tmp_path / "digits"
     folder.mkdir()
-    (folder / "manifest.json").write_text(json.dumps(_manifest_json()))
+    record = _manifest_json()
+    record["img_size"] = record["config"]["img_size"] = [32, 48]
+    (folder / "manifest.json").write_text(json.dumps(record))
     preflight.check_bench(folder, ModelSpec("vit_base_patch16_224"), (64,))
-    with pytest.raises(VitexportError, match=r"^--batch 100000 needs about .* for vit_digits_patch4_32 at 32x32 "):
+    with pytest.raises(VitexportError, match=r"^--batch 100000 needs about .* for vit_digits_patch4_32 at 32x48 "):
         preflight.check_bench(folder / "model.onnx", None, (100000,))
     with pytest.raises(VitexportError, match=r"^--batch 64 needs about .* for vit_base_patch16_224 at 224x224 "):
         preflight.check_bench(None, ModelSpec("vit_base_patch16_224"), (64,))  # no export yet: the size table
@@ -193,5 +198,27 @@ def test_op_types_a_user_names(tmp_path):
     assert msg.startswith("--keep-fp32 Softmaxx: no ONNX operator has that type (did you mean Softmax, ")
     assert msg.endswith("?); this graph uses Relu, Softmax.")
     with pytest.raises(VitexportError) as e:
+        preflight.check_op_types(("Reduce",), path)  # many operators are close: the three closest are named
+    assert str(e.value).split("(did you mean ")[1].split("?)")[0].count(", ") == 2
+    with pytest.raises(VitexportError) as e:
         preflight.check_op_types(("Qwertyuiop",), path)
     assert str(e.value) == "--keep-fp32 Qwertyuiop: no ONNX operator has that type; this graph uses Relu, Softmax."
+
+
+def test_op_types_are_read_without_the_graphs_external_data(tmp_path):
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.ones((2,), np.float32), "w")
+    w.data_location = TensorProto.EXTERNAL
+    w.ClearField("raw_data")
+    entry = w.external_data.add()
+    entry.key, entry.value = "location", "model.onnx.data"  # not there: reading it would fail
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(helper.make_model(graph).SerializeToString())
+    log = _Warnings()
+    preflight.check_op_types(("Add", "Softmax"), path, log=log)
+    assert log.warnings == ["--keep-fp32 Softmax: the graph has no Softmax node, so it changes nothing."]
+

@@ -7,6 +7,7 @@ reads (what is wrong, what to run).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_folder import _manifest_json
 from test_tensorrt_engine import _sidecar
 
 from vitexport.artifacts import verify
@@ -74,8 +76,17 @@ def folder(tmp_path):
     return mf, manifest
 
 
+REMEDY = {"fp32": "re-export it with `vitexport onnx` (the same options), or restore the original file",
+          **{k: f"make it again with `{a.made_by}`" for k, a in ARTIFACTS.items() if k != "fp32"}}
+
+
 def _check(mf, manifest, kind):
+    """(status, reason) of a file that is present, once the whole FileCheck is what that verdict says."""
     c = check_onnx(mf, kind, manifest)
+    path = mf.onnx(kind)
+    sha = _sha(path.read_bytes())
+    want = FileCheck(kind, path, c.status, c.reason, sha, "" if c.status == OK else REMEDY[kind])
+    assert c == want, (c, want)
     return c.status, c.reason
 
 
@@ -114,9 +125,8 @@ def test_external_data_outside_the_folder_is_refused_before_anything_reads_it(fo
     data = _write_onnx(mf.onnx("fp32"), external="../elsewhere.bin")
     manifest.onnx_sha256 = _sha(data)  # its record matches: the location alone makes it broken
     c = check_onnx(mf, "fp32", manifest)
-    assert (c.status, c.sha256) == (BROKEN, _sha(data))
-    assert c.reason == ("names external data '../elsewhere.bin' outside its folder (vitexport reads only inside a "
-                        "model folder)")
+    assert c == FileCheck("fp32", mf.onnx("fp32"), BROKEN, "names external data '../elsewhere.bin' outside its "
+                          "folder (vitexport reads only inside a model folder)", _sha(data), REMEDY["fp32"])
     _write_onnx(mf.onnx("fp16"), external="../elsewhere.bin")
     assert check_onnx(mf, "fp16", manifest).reason == c.reason
 
@@ -180,6 +190,13 @@ def test_an_ir_source_is_digested_with_its_external_data(folder):
     assert _check(mf, manifest, "openvino-fp32") == (OK, "")
 
 
+def _plan_check(mf, precision, status, reason):
+    """The whole FileCheck of a present plan, as its verdict says it must be."""
+    path = mf.plan(precision)
+    remedy = "" if status == OK else f"rebuild it with `vitexport trt {mf.path} --{precision}`"
+    return FileCheck(f"plan:{precision}", path, status, reason, _sha(path.read_bytes()), remedy)
+
+
 def _plan(mf, precision="fp16", plan=b"PLAN", source=b"graph", **changes):
     mf.plan(precision).write_bytes(plan)
     mf.plan_source(precision).write_bytes(source)
@@ -196,18 +213,16 @@ def test_a_plan_against_its_sidecar_and_its_source(tmp_path):
     c = check_plan(mf, "fp16")
     assert (c.kind, c.status, c.sentence()) == ("plan:fp16", MISSING, f"{mf.plan('fp16')} is missing; {remedy}.")
     _plan(mf)
-    c = check_plan(mf, "fp16")
-    assert (c.status, c.sha256) == (OK, _sha(b"PLAN"))
+    assert check_plan(mf, "fp16") == _plan_check(mf, "fp16", OK, "")
     mf.sidecar("fp16").write_text("{")
-    assert check_plan(mf, "fp16").reason == "has no readable sidecar model.fp16.plan.json"
+    assert check_plan(mf, "fp16") == _plan_check(mf, "fp16", BROKEN, "has no readable sidecar model.fp16.plan.json")
     _plan(mf, plan_sha256="0" * 64)
     c = check_plan(mf, "fp16")
-    assert (c.status, c.reason) == (BROKEN, "is not the plan model.fp16.plan.json describes (its sha256 differs)")
+    assert c == _plan_check(mf, "fp16", BROKEN, "is not the plan model.fp16.plan.json describes (its sha256 differs)")
     assert c.sentence() == f"{mf.plan('fp16')} {c.reason}; {remedy}."
     _plan(mf)
     mf.plan_source("fp16").write_bytes(b"a newer graph")
-    assert (check_plan(mf, "fp16").status, check_plan(mf, "fp16").reason) == \
-        (STALE, "was built from an earlier model.fp16.onnx")
+    assert check_plan(mf, "fp16") == _plan_check(mf, "fp16", STALE, "was built from an earlier model.fp16.onnx")
     mf.plan_source("fp16").unlink()
     assert check_plan(mf, "fp16").status == STALE
     _plan(mf, source_onnx_sha256=None)  # nothing recorded about the source: only the plan's own bytes are checked
@@ -260,6 +275,33 @@ def test_require_gives_the_path_or_the_sentence(folder):
     with pytest.raises(VitexportError) as e:
         require(mf, "plan:fp16")
     assert str(e.value) == f"{mf.plan('fp16')} is missing; rebuild it with `vitexport trt {mf.path} --fp16`."
+    with pytest.raises(VitexportError) as e:
+        require(mf, "plan:fp16:x")  # everything after the first colon is the precision
+    assert str(e.value) == "Unknown precision 'fp16:x'; choose one of: fp32, fp16, int8."
+
+
+def test_without_a_manifest_given_the_folders_own_is_read(folder):
+    mf, manifest = folder
+    record = _manifest_json()
+    record["onnx_sha256"] = manifest.onnx_sha256
+    record["precisions"] = {k: r.to_dict() for k, r in manifest.precisions.items()}
+    mf.manifest_path.write_text(json.dumps(record))
+    assert check_onnx(mf, "fp16").ok and check_onnx(mf, "openvino-fp32").ok
+    assert [c.kind for c in check_folder(mf) if c.ok] == ["fp32", "fp16", "int8", "openvino-fp32"]
+    record["onnx_sha256"] = "0" * 64
+    mf.manifest_path.write_text(json.dumps(record))
+    assert check_onnx(mf, "fp32").status == BROKEN and check_folder(mf)[0].status == BROKEN
+
+
+def test_a_digest_is_not_taken_for_another_files_with_the_same_inode(tmp_path):
+    first, second = tmp_path / "a.bin", tmp_path / "b.bin"
+    first.write_bytes(b"first")
+    st = os.stat(first)
+    assert verify.digest(first) == _sha(b"first")
+    first.unlink()
+    second.write_bytes(b"other")  # the file system may give it the freed inode; same size and times
+    os.utime(second, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert verify.digest(second) == _sha(b"other")
 
 
 @pytest.mark.parametrize("status,ok,problem", [(OK, True, False), (MISSING, False, False), (BROKEN, False, True),
