@@ -47,6 +47,9 @@ MODULES: dict[str, list[str]] = {
 _P, _S, _A = "vitexport.parity.compare.", "vitexport.parity.stats.", "vitexport.parity.accumulate."
 _E, _B = "vitexport.tensorrt_engine.engine_info.", "vitexport.tensorrt_engine.trt_build."
 _V, _F = "vitexport.artifacts.verify.", "vitexport.preflight."
+_C, _H = "vitexport.precision.calibrate.", "vitexport.precision.calibrate.xǁAbsHistogramǁ"
+_RESHAPE = "numpy reads any negative size in reshape as 'the rest'"
+_KL = "vitexport.precision.calibrate.x__kl_threshold__mutmut_"
 _R = "vitexport.backends.tensorrt.xǁTensorRTRunnerǁ"
 _UNREAD = "a placeholder until load() sets it: stage(), run() and engine_layers() refuse an unloaded runner first"
 EQUIVALENT: dict[str, str] = {
@@ -62,6 +65,36 @@ EQUIVALENT: dict[str, str] = {
     _F + "x_vit_memory__mutmut_43": "a missing num_classes gives None or 0: both are 0 classes",
     _F + "x_check_op_types__mutmut_6": "onnx.load tests load_external_data for truth: None is False",
     _F + "x_check_op_types__mutmut_18": "3 is difflib.get_close_matches' default n",
+    _H + "__init____mutmut_2": "the width is set by the first non-empty batch before anything reads it",
+    _H + "__init____mutmut_3": "the width is set by the first non-empty batch before anything reads it",
+    _H + "update__mutmut_4": "activations come from ONNX Runtime as float32 already",
+    _H + "update__mutmut_6": "activations come from ONNX Runtime as float32 already",
+    _H + "update__mutmut_39": "_grow(len(counts)) merges nothing (factor 1) and adds no bin",
+    _H + "update__mutmut_49": "the bins already reach int(amax / width): the clip only guards float32 rounding",
+    _H + "update__mutmut_52": "the bins already reach int(amax / width): the clip only guards float32 rounding",
+    _H + "update__mutmut_53": "the bins already reach int(amax / width): the clip only guards float32 rounding",
+    _H + "_grow__mutmut_10": "merging runs of one bin changes nothing",
+    _H + "_grow__mutmut_27": _RESHAPE,
+    _H + "coarse__mutmut_6": "summing runs of one bin changes nothing",
+    _H + "coarse__mutmut_8": "astype(None) is float64",
+    _H + "coarse__mutmut_20": "int64 counts padded with float zeros sum to the same float64 values",
+    _H + "coarse__mutmut_22": "int64 counts padded with float zeros sum to the same float64 values",
+    _H + "coarse__mutmut_24": _RESHAPE,
+    _H + "coarse__mutmut_26": "astype(None) is float64",
+    _H + "percentile_amax__mutmut_4": "a cumulative sum of int64 counts is exact either way",
+    _H + "percentile_amax__mutmut_6": "a cumulative sum of int64 counts is exact either way",
+    _KL + "2": "a histogram of at most 128 bins returns its length before the zero bin is read",
+    _KL + "3": "a histogram of at most 128 bins returns its length before the zero bin is read",
+    _KL + "8": "at 128 bins the only threshold tried is 128 itself",
+    _KL + "36": "the last kept bin always falls in level 127: bincount is 128 long anyway",
+    _KL + "43": "the last kept bin always falls in level 127: bincount is 128 long anyway",
+    _KL + "44": "astype(None) is float64",
+    _KL + "60": "every candidate's reference has the same total: scaling p scales each divergence alike",
+    _KL + "66": "histogram counts are whole numbers: a nonzero sum is at least 1",
+    _KL + "70": "q == 0 where p > 0 makes the divergence inf through the logarithm as well",
+    _KL + "73": "q == 0 where p > 0 makes the divergence inf through the logarithm as well",
+    _C + "x_calibrate__mutmut_17": "the session's thread count changes its speed, not its outputs",
+    _C + "x_calibrate__mutmut_19": "the session's thread count changes its speed, not its outputs",
     _E + "x_dtype_of__mutmut_8": "the text is lower-cased before the split: A-Z never occurs in it",
     _E + "x__kind__mutmut_37": "the pattern is matched with re.I: its letters' case does not matter",
     _E + "x__is_scalar__mutmut_26": "a symbolic axis counts as 2 or 3 elements: more than one either way",

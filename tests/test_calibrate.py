@@ -223,3 +223,141 @@ def test_an_all_zero_tensor_has_a_zero_range():
         c = _Collector(method, 99.9)
         c.update(np.zeros((4, 4), np.float32))
         assert c.result() == 0.0, method
+
+
+# -- the histogram and the KL threshold, exactly ----------------------------------------------------------------
+
+def _exact_reference_bins(bins, stride=1, nbins=128):
+    """The port above with integer digitization (kept bin j -> level floor(j * 128 / i), what linspace/digitize
+    compute up to float rounding at the edges): our threshold must equal it exactly, ties included."""
+    bins = np.asarray(bins, np.float64).copy()
+    if len(bins) <= nbins:
+        return len(bins)
+    bins[0] = bins[1]
+    best, best_i = math.inf, None
+    for i in range(nbins, len(bins) + 1, stride):
+        level = [(j * nbins) // i for j in range(i)]
+        sums, used = [0.0] * nbins, [0] * nbins
+        for j in range(i):
+            if bins[j] != 0:
+                sums[level[j]] += bins[j]
+                used[level[j]] += 1
+        q = np.array([sums[level[j]] / used[level[j]] if bins[j] != 0 else 0.0 for j in range(i)])
+        ref = bins[:i].copy()
+        ref[-1] += bins[i:].sum()
+        p, q = ref / ref.sum(), q / q.sum()
+        mask = p > 0
+        ent = math.inf if np.any(q[mask] == 0) else float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+        if ent <= best:  # the last minimum
+            best, best_i = ent, i
+    return best_i
+
+
+def _histograms():
+    rng = np.random.default_rng(7)
+    gauss = np.histogram(np.abs(rng.standard_normal(50_000)), bins=400)[0]
+    sparse = gauss.copy()
+    sparse[rng.random(len(sparse)) < 0.3] = 0  # empty bins among full ones
+    spiky = np.histogram(np.abs(np.concatenate([rng.laplace(size=30_000), rng.uniform(8, 9, 500)])), bins=300)[0]
+    spiky[0] = 100_000  # a zero bin swollen by exact zeros
+    return {"gauss": gauss, "sparse": sparse, "spiky": spiky, "flat": np.full(256, 10),  # ties at 128 and 256
+            "short": gauss[:128], "one_more": gauss[:129]}
+
+
+@pytest.mark.parametrize("name", sorted(_histograms()))
+@pytest.mark.parametrize("stride", [1, 4])
+def test_the_kl_threshold_is_the_exact_references(name, stride):
+    hist = _histograms()[name].astype(np.float64)
+    assert _kl_threshold(hist, stride=stride) == _exact_reference_bins(hist, stride)
+    if name == "flat":
+        assert _kl_threshold(hist, stride=stride) == 256  # a tie goes to the larger threshold
+
+
+def _numpy_counts(values, width, bins):
+    idx = np.minimum((np.asarray(values, np.float64) / width).astype(np.int64), bins - 1)
+    return np.bincount(idx, minlength=bins)
+
+
+def test_the_histogram_counts_every_value_in_its_bin_as_it_grows():
+    rng = np.random.default_rng(4)
+    first = (rng.integers(0, 2048, 5000) + 0.5).astype(np.float32)  # off every bin edge
+    first[0] = 2048.0  # amax 2048 over 2048 bins: width 1
+    h = AbsHistogram()
+    h.update(-first)  # magnitudes
+    assert h.width == 1.0 and h.counts.dtype == np.int64 and len(h.counts) == 2049
+    later = np.array([3000.5, 12.5, 2500.5], np.float32)
+    h.update(later)
+    seen = np.concatenate([first, later])
+    assert len(h.counts) == 3001 and h.amax == 3000.5  # grown to the bin of the new largest value, no further
+    np.testing.assert_array_equal(h.counts, _numpy_counts(seen, 1.0, 3001))
+    h.update(np.array([65535.5], np.float32))  # needs 65536 bins: twice MAX_BINS exactly, so bins are paired
+    seen = np.append(seen, 65535.5)
+    assert (h.width, len(h.counts)) == (2.0, 32768)
+    np.testing.assert_array_equal(h.counts, _numpy_counts(seen, 2.0, 32768))
+    h.update(np.array([300_001.0], np.float32))  # 150001 bins of 2: merged by eight, into 18751 bins of 16
+    seen = np.append(seen, 300_001.0)
+    assert (h.width, len(h.counts)) == (16.0, 18751) and h.counts.dtype == np.int64
+    np.testing.assert_array_equal(h.counts, _numpy_counts(seen, 16.0, 18751))
+
+
+def test_a_first_batch_below_one_or_of_zeros_sets_a_fine_width():
+    h = AbsHistogram()
+    h.update(np.array([0.5, 0.25], np.float32))
+    assert h.width == 0.5 / 2048
+    z = AbsHistogram()
+    z.update(np.zeros(10, np.float32))  # no range yet: a tiny width, grown as values arrive
+    z.update(np.random.default_rng(5).uniform(0, 1e-3, 10_000).astype(np.float32))
+    assert z.width < 1e-6 and abs(z.percentile_amax(50.0) - 5e-4) < 2e-5
+
+
+def test_coarse_sums_runs_of_bins():
+    h = AbsHistogram()
+    h.update(np.array([2048.0], np.float32))  # width 1
+    h.update((np.random.default_rng(8).integers(0, 3001, 20_000) + 0.5).astype(np.float32))  # 3001 bins
+    assert len(h.counts) == 3001
+    counts, width = h.coarse(4096)  # few enough already
+    np.testing.assert_array_equal(counts, h.counts)
+    assert width == h.width and counts.dtype == np.float64
+    for max_bins, factor in ((1501, 2), (1001, 3), (100, 31)):
+        counts, width = h.coarse(max_bins)
+        padded = np.concatenate([h.counts, np.zeros((-len(h.counts)) % factor, np.int64)])
+        np.testing.assert_array_equal(counts, padded.reshape(-1, factor).sum(1))
+        assert width == h.width * factor and len(counts) <= max_bins
+
+
+def test_entropy_and_percentile_ranges_in_value_units():
+    rng = np.random.default_rng(6)
+    x = np.abs(rng.standard_normal(100_000)).astype(np.float32)
+    x[0] = 1.0 if x.max() < 1 else x[0]
+    h = AbsHistogram()
+    h.update(x)
+    counts, width = h.coarse(2048)
+    assert h.entropy_amax() == pytest.approx(min(h.amax, _exact_reference_bins(counts, 4) * width))
+    one = AbsHistogram()
+    one.update(np.array([1.0, 0.5, 0.25], np.float32))  # amax exactly 1
+    assert one.entropy_amax() > 0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 0 / 0 on a tensor of zeros
+        zeros = AbsHistogram()
+        zeros.update(np.zeros(100, np.float32))
+        assert zeros.entropy_amax() == 0.0
+
+
+def test_the_nan_sentence_word_for_word():
+    for collector in (_Collector("percentile", 99.0), _Collector("minmax", 99.0)):
+        with pytest.raises(VitexportError) as e:
+            collector.update(np.array([1.0, np.nan], np.float32))
+        assert str(e.value) == "Calibration saw NaN or Inf activations; check the calibration inputs."
+
+
+def test_calibrate_reports_its_own_duration_and_takes_small_percentiles(tmp_path):
+    import time
+
+    from vitexport.precision.calibrate import calibrate
+
+    path, _ = _graph(tmp_path)
+    t0 = time.perf_counter()
+    stats = calibrate(path, ["h"], [np.ones((2, 8), np.float32)], "x", percentile=0.5)
+    assert 0 <= stats.seconds <= time.perf_counter() - t0  # the time of this call, not a clock reading
