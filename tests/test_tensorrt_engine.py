@@ -117,6 +117,41 @@ def test_input_chw_from_the_onnx_input():
         input_chw([-1, 3, 32], "x", BuildOptions())
 
 
+def test_a_dynamic_size_profile_and_its_checks():
+    opts = BuildOptions(min_batch=2, opt_batch=4, max_batch=8, img_size=(224, 160), img_size_range=((112, 96), (448, 320)))
+    assert input_chw([-1, 3, -1, -1], "pixel_values", opts.validate()) == (3, 224, 160)
+    assert profile_shapes(opts, (3, 224, 160)) == ((2, 3, 112, 96), (4, 3, 224, 160), (8, 3, 448, 320))
+    no_opt = BuildOptions(img_size_range=((112, 112), (448, 448)))
+    assert input_chw([-1, 3, -1, -1], "x", no_opt) == (3, 112, 112)  # without a default size: the smallest
+    for size, rng in (((500, 160), ((112, 96), (448, 320))), ((224, 160), ((300, 96), (200, 320)))):
+        with pytest.raises(VitexportError, match="image size profile needs min <= opt <= max"):
+            BuildOptions(img_size=size, img_size_range=rng).validate()
+
+
+def test_an_antialiased_resize_is_refused_before_tensorrt_is_needed(tmp_path):
+    from onnx import TensorProto, helper, save
+
+    from vitexport.tensorrt_engine.options import antialiased_resizes, refuse_antialias
+
+    def graph(antialias):
+        node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="pos_embed/Resize", mode="cubic",
+                                antialias=antialias)
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 7]),
+                                            helper.make_tensor_value_info("sizes", TensorProto.INT64, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        path = tmp_path / f"a{antialias}.onnx"
+        save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+        return path
+
+    assert antialiased_resizes(graph(0)) == [] and antialiased_resizes(graph(1)) == ["pos_embed/Resize"]
+    refuse_antialias(graph(0))
+    with pytest.raises(VitexportError) as e:
+        refuse_antialias(graph(1))
+    assert str(e.value) == ("a1.onnx resamples its position embedding with an antialiased Resize (pos_embed/Resize), "
+                            "which TensorRT's ONNX parser does not support; export it again with `vitexport onnx "
+                            "--dynamic-img-size --pos-embed-interp bicubic` (or bilinear).")
+
+
 def test_check_batch():
     check_batch(1, 1, 32, "model.fp16.plan")
     check_batch(32, 1, 32, "model.fp16.plan")

@@ -477,8 +477,8 @@ class _WarningRaises(Log):
     ([("pixel_values", (-1, 3, 32, 32)), ("mask", (-1, 197))],
      "model.onnx has 2 inputs; a ViT engine takes one image batch."),
     ([("images", (-1, 3, -1, -1))],
-     "The ONNX input 'images' has a symbolic image size [3, -1, -1]; re-export it with a fixed image size "
-     "(the engine's profile only varies the batch)."),
+     "The ONNX input 'images' has a symbolic image size [3, -1, -1], but no image size range was given; build it "
+     "from its model folder (whose manifest records the range of `vitexport onnx --dynamic-img-size`)."),
     ([("images", (4, 3, 32, 32))],
      "The ONNX input 'images' has a fixed batch of 4, so the batch profile 2/8/48 cannot apply; re-export it with "
      "`vitexport onnx` (symbolic batch)."),
@@ -523,3 +523,20 @@ def test_the_progress_adaptor_records_what_its_monitor_raises_and_stops_the_buil
     assert adaptor.step_complete("Building engine", 0) is False
     adaptor.phase_finish("Building engine")
     assert monitor.failures == [exc, exc, exc]
+
+
+def test_a_dynamic_size_network_gets_a_profile_over_batch_height_and_width(tmp_path, monkeypatch):
+    trt_build = fake_tensorrt.install(monkeypatch)
+    fake_tensorrt.NETWORK_INPUTS = [("pixel_values", (-1, 3, -1, -1))]
+    opts = BuildOptions(min_batch=1, opt_batch=8, max_batch=16, img_size=(48, 48),
+                        img_size_range=((16, 16), (64, 80)))
+    _, facts = trt_build.build_engine(_onnx(tmp_path), opts)
+    assert fake_tensorrt.builds[-1]["profile"] == ("pixel_values", (1, 3, 16, 16), (8, 3, 48, 48), (16, 3, 64, 80))
+    assert facts["chw"] == [3, 48, 48]
+    fake_tensorrt.NETWORK_INPUTS = [("pixel_values", (-1, 3, 32, 32))]  # a fixed-size graph: no range applies
+    with pytest.raises(VitexportError, match="has a fixed image size \\[32, 32\\], so an image size range cannot"):
+        trt_build.build_engine(_onnx(tmp_path), opts)
+    fake_tensorrt.NETWORK_INPUTS = [("pixel_values", (-1, 3, -1, 32))]
+    with pytest.raises(VitexportError, match="symbolic image size on one side only"):
+        trt_build.build_engine(_onnx(tmp_path), opts)
+

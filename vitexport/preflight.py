@@ -101,8 +101,16 @@ def max_batch(config: Mapping[str, Any], available: int | None = None) -> int | 
 def check_export(spec, batches: tuple[int, ...], log: Log = QUIET) -> None:
     """An export traces at batch 2 and checks at `batches`: refuse an --img-size or --check-batch that cannot fit."""
     config = spec_config(spec)
-    h, w = _pair(config["img_size"])
-    what = f"--img-size {h}x{w}" if spec.img_size else f"Exporting {spec.variant}"
+    if spec.dynamic_img_size:  # checked at the largest size of its range
+        from .model.spec import default_range
+
+        rng = spec.img_size_range or default_range(_pair(config["img_size"]), _pair(config["patch_size"]))
+        config["img_size"] = rng[1]
+        h, w = rng[1]
+        what = f"--img-size-range up to {h}x{w}"
+    else:
+        h, w = _pair(config["img_size"])
+        what = f"--img-size {h}x{w}" if spec.img_size else f"Exporting {spec.variant}"
     require_memory(config, max(2, *batches), what, f"{spec.variant} at {h}x{w}",
                    "use a smaller --img-size" if spec.img_size else "free some memory")
 

@@ -178,9 +178,10 @@ class ModelFolder:
 
     # -- where -----------------------------------------------------------------------------------------
     @classmethod
-    def default_for(cls, variant: str, img_size: tuple[int, int]) -> "ModelFolder":
-        """models/<variant>-<H>x<W> under the artifact folder ($VITEXPORT_MODELS, default ./models)."""
-        return cls(artifacts_dir() / f"{variant}-{img_size[0]}x{img_size[1]}")
+    def default_for(cls, variant: str, img_size: tuple[int, int], dynamic: bool = False) -> "ModelFolder":
+        """models/<variant>-<H>x<W> under the artifact folder ($VITEXPORT_MODELS, default ./models);
+        models/<variant>-<H>x<W>-dynamic for an export that takes any image size (H x W: its default size)."""
+        return cls(artifacts_dir() / f"{variant}-{img_size[0]}x{img_size[1]}{'-dynamic' if dynamic else ''}")
 
     @classmethod
     def for_output(cls, output: Path | str) -> "ModelFolder":

@@ -107,13 +107,16 @@ class BatchCheck:
     batch: int
     stats: ParityStats
     passed: bool
+    img_size: tuple[int, int] | None = None  # a dynamic-size export: the image size of this check
 
     def to_dict(self) -> dict:
-        return {"batch": self.batch, "passed": self.passed, **self.stats.to_dict()}
+        size = {} if self.img_size is None else {"img_size": list(self.img_size)}
+        return {"batch": self.batch, **size, "passed": self.passed, **self.stats.to_dict()}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "BatchCheck":
-        return cls(f.req("batch", int), _stats(f), f.req("passed", bool))
+        size = f.opt("img_size", list)
+        return cls(f.req("batch", int), _stats(f), f.req("passed", bool), None if size is None else tuple(size))
 
 
 @dataclass
@@ -169,21 +172,26 @@ class HeldOutCheck:
     thresholds: dict[str, float | None]  # the bounds applied (compare.Thresholds)
     stats: ParityStats
     inconclusive: list[str] = field(default_factory=list)  # bounds the set was too small to decide
+    img_size: tuple[int, int] | None = None  # a dynamic-size export's check at another size than the default
 
     @classmethod
-    def from_verdict(cls, data: str, verdict: ParityVerdict) -> "HeldOutCheck":
+    def from_verdict(cls, data: str, verdict: ParityVerdict,
+                     img_size: tuple[int, int] | None = None) -> "HeldOutCheck":
         return cls(data, not verdict.failed, list(verdict.failures), verdict.thresholds.to_dict(), verdict.stats,
-                   list(verdict.inconclusive))
+                   list(verdict.inconclusive), None if img_size is None else tuple(img_size))
 
     def to_dict(self) -> dict:
-        return {"data": self.data, "passed": self.passed, "failures": list(self.failures),
+        return {"data": self.data, **({} if self.img_size is None else {"img_size": list(self.img_size)}),
+                "passed": self.passed, "failures": list(self.failures),
                 **({"inconclusive": list(self.inconclusive)} if self.inconclusive else {}),
                 "thresholds": dict(self.thresholds), **self.stats.to_dict()}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "HeldOutCheck":
+        size = f.opt("img_size", list)
         return cls(f.req("data", str), f.req("passed", bool), list(f.req("failures", list)),
-                   dict(f.req("thresholds", dict)), _stats(f), list(f.opt("inconclusive", list) or []))
+                   dict(f.req("thresholds", dict)), _stats(f), list(f.opt("inconclusive", list) or []),
+                   None if size is None else tuple(size))
 
 
 @dataclass
@@ -209,7 +217,8 @@ class IrRecord:
                    f.req("openvino", str))
 
 
-_PRECISION_FIELDS = {"file", "source_sha256", "sha256", "keep_fp32", "calibration", "qdq", "check", "openvino"}
+_PRECISION_FIELDS = {"file", "source_sha256", "sha256", "keep_fp32", "calibration", "qdq", "check", "openvino",
+                     "size_check"}
 
 
 @dataclass
@@ -225,6 +234,7 @@ class PrecisionRecord:
     check: HeldOutCheck | None = None  # the parity check against FP32, unless skipped
     extra: dict[str, Any] = field(default_factory=dict)  # fields of a newer minor version, kept
     openvino: IrRecord | None = None  # an OpenVINO IR: its .bin and its source ONNX
+    size_check: HeldOutCheck | None = None  # a dynamic-size export: the same check at a second image size
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"file": self.file, "source_sha256": self.source_sha256}
@@ -238,16 +248,19 @@ class PrecisionRecord:
             d["check"] = self.check.to_dict()
         if self.openvino is not None:
             d["openvino"] = self.openvino.to_dict()
+        if self.size_check is not None:
+            d["size_check"] = self.size_check.to_dict()
         return {**d, "sha256": self.sha256, **self.extra}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "PrecisionRecord":
-        cal, check, ov = f.sub("calibration"), f.sub("check"), f.sub("openvino")
+        cal, check, ov, size = f.sub("calibration"), f.sub("check"), f.sub("openvino"), f.sub("size_check")
         return cls(plain_name(f.req("file", str), f"{f.path.name}'s field {f._name('file')!r}"),
                    f.req("source_sha256", str), f.opt("sha256", str, ""),
                    f.opt("keep_fp32", list), CalibrationRecord.from_fields(cal) if cal else None,
                    f.opt("qdq", dict), HeldOutCheck.from_fields(check) if check else None,
-                   f.rest(_PRECISION_FIELDS), openvino=IrRecord.from_fields(ov) if ov else None)
+                   f.rest(_PRECISION_FIELDS), openvino=IrRecord.from_fields(ov) if ov else None,
+                   size_check=HeldOutCheck.from_fields(size) if size else None)
 
 
 # -- the manifest -------------------------------------------------------------------------------------------
@@ -278,6 +291,7 @@ class Manifest:
     onnx_bytes: int | None = None  # its size
     precisions: dict[str, PrecisionRecord] = field(default_factory=dict)  # converted ONNX files, by kind
     labels: LabelsRecord | None = None  # where the class names come from; None: features, or an older export
+    img_size_range: tuple[tuple[int, int], tuple[int, int]] | None = None  # a dynamic-size export's (min, max) H x W
     format: str = FORMAT  # the manifest format's name and version
     extra: dict[str, Any] = field(default_factory=dict)  # fields this version does not know, kept
 
@@ -294,6 +308,7 @@ class Manifest:
             **({} if self.onnx_sha256 is None else {"onnx_sha256": self.onnx_sha256, "onnx_bytes": self.onnx_bytes}),
             "precisions": {k: r.to_dict() for k, r in self.precisions.items()},
             **({} if self.labels is None else {"labels": self.labels.to_dict()}),
+            **({} if self.img_size_range is None else {"img_size_range": [list(s) for s in self.img_size_range]}),
             **self.extra,
         }
 
@@ -326,6 +341,7 @@ class Manifest:
             precisions={k: PrecisionRecord.from_fields(_Fields(v, f"precisions.{k}", path))
                         for k, v in precisions.items()},
             labels=LabelsRecord.from_fields(labels) if labels else None, format=fmt, extra=f.rest(known),
+            img_size_range=_size_range(f),
         )
 
     def provenance(self) -> dict[str, Any]:
@@ -347,6 +363,17 @@ def _config(f: _Fields) -> dict[str, Any]:
     if missing:
         raise VitexportError(f"{f.path} lacks the field 'config.{missing[0]}'; re-export the model.")
     return config
+
+
+def _size_range(f: _Fields) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    value = f.opt("img_size_range", list)
+    if value is None:
+        return None
+    if len(value) != 2 or not all(isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and v > 0 for v in s)
+                                  for s in value):
+        raise VitexportError(f"{f.path} has {value!r} in the field 'img_size_range', not two sizes [H, W]; "
+                             f"re-export the model.")
+    return (value[0][0], value[0][1]), (value[1][0], value[1][1])
 
 
 def _pair(f: _Fields, key: str) -> tuple[int, int]:

@@ -20,7 +20,7 @@ from ..artifacts.sidecar import check_compatibility, read_sidecar, rebuild_comma
 from ..errors import BackendUnavailable, VitexportError
 from ..tensorrt_engine.engine_info import EngineLayers, parse_engine_information
 from ..tensorrt_engine.events import MESSAGES
-from ..tensorrt_engine.options import EngineUnavailable, check_batch
+from ..tensorrt_engine.options import EngineUnavailable, check_batch, check_image_shape
 from ..tensorrt_engine.probe import current_env, require_trt_and_gpu
 from .base import Runner
 from .cuda_stream import CudaStream
@@ -46,7 +46,8 @@ class TensorRTRunner(Runner):
         self._input = ""
         self._output = ""
         self._batch_range = (1, 1)
-        self._chw: tuple[int, ...] = ()
+        self._chw: tuple[int, ...] = ()  # the smallest (C, H, W) the engine takes
+        self._chw_max: tuple[int, ...] = ()  # the largest: the same but for a dynamic-size engine
         self._in_dtype: Any = None
         self._out_dtype: Any = None
         self._out_buffers: dict[tuple[int, ...], Any] = {}
@@ -123,6 +124,7 @@ class TensorRTRunner(Runner):
         self._batch_range = (int(mn[0]), int(mx[0]))
         self.batch_range = self._batch_range
         self._chw = tuple(int(mn[i]) for i in range(1, len(mn)))
+        self._chw_max = tuple(int(mx[i]) for i in range(1, len(mx)))
         in_dt, out_dt = engine.get_tensor_dtype(self._input), engine.get_tensor_dtype(self._output)
         if in_dt not in torch_dtypes or out_dt not in torch_dtypes:
             raise BackendUnavailable(f"{self.plan_path.name} has I/O types {in_dt} / {out_dt}, which this runner "
@@ -136,6 +138,8 @@ class TensorRTRunner(Runner):
         self._stream = CudaStream()
         self.info.update({"input": self._input, "output": self._output, "batch_range": list(self._batch_range),
                           "io_dtypes": [str(in_dt), str(out_dt)], "timer": "CUDA events on the runner's stream",
+                          **({} if self._chw == self._chw_max else
+                             {"image_range": [list(self._chw[1:]), list(self._chw_max[1:])]}),
                           "layer_precisions": self._layer_summary()})
 
     def engine_layers(self) -> EngineLayers:
@@ -162,8 +166,7 @@ class TensorRTRunner(Runner):
     def stage(self, x: np.ndarray) -> Any:
         stream = self._live_stream()  # first: before load() the batch range and image shape are not known
         check_batch(int(x.shape[0]), *self._batch_range, self.plan_path.name)
-        if tuple(x.shape[1:]) != self._chw:
-            raise VitexportError(f"{self.plan_path.name} takes images of shape {self._chw}, got {tuple(x.shape[1:])}.")
+        check_image_shape(tuple(int(d) for d in x.shape[1:]), self._chw, self._chw_max, self.plan_path.name)
         return stream.upload(x, self._in_dtype)
 
     def _live_stream(self) -> Any:

@@ -77,6 +77,23 @@ class ImgSize(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class SizeRangeType(click.ParamType):
+    """MIN..MAX, each N or HxW -> ((min H, min W), (max H, max W))."""
+
+    name = "MIN..MAX"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, tuple):
+            return value
+        lo, sep, hi = str(value).partition("..")
+        if not sep or not lo or not hi:
+            self.fail(f"{value!r} is not MIN..MAX (for example 160..512 or 160x224..512x640).", param, ctx)
+        try:
+            return parse_img_size(lo), parse_img_size(hi)
+        except VitexportError as e:
+            self.fail(str(e), param, ctx)
+
+
 class ModelName(click.ParamType):
     """A variant name, or timm's tagged name of one (vit_base_patch16_224.augreg2_in21k_ft_in1k)."""
 
@@ -164,10 +181,25 @@ MODEL = OptionGroup(
              help="Classes of the head (0: features). Default: the checkpoint's, else the variant's."),
         opt("--pos-embed-interp", type=click.Choice(list(INTERPOLATIONS)), default=DEFAULT_INTERPOLATION,
              show_default=True, help="How to resize the position embedding."),
+        opt("--dynamic-img-size", is_flag=True,
+             help="Any image size (multiples of the patch size, within --img-size-range): the position embedding "
+                  "is resampled in the graph; --img-size is the default size (preprocessing, calibration, checks). "
+                  "Folder: models/<variant>-<H>x<W>-dynamic/."),
+        opt("--img-size-range", type=SizeRangeType(), default=None, metavar="MIN..MAX",
+             help="With --dynamic-img-size: the smallest and largest sizes (N or HxW each). Default: half to twice "
+                  "--img-size."),
     ],
-    lambda variant, checkpoint, img_size, num_classes, pos_embed_interp: user_spec(
-        variant, checkpoint, img_size=img_size, num_classes=num_classes, pos_embed_interp=pos_embed_interp),
+    lambda variant, checkpoint, img_size, num_classes, pos_embed_interp, dynamic_img_size, img_size_range: _spec(
+        variant, checkpoint, img_size, num_classes, pos_embed_interp, dynamic_img_size, img_size_range),
 )
+
+
+def _spec(variant, checkpoint, img_size, num_classes, pos_embed_interp, dynamic_img_size, img_size_range):
+    if img_size_range is not None and not dynamic_img_size:
+        raise UserError("--img-size-range needs --dynamic-img-size.")
+    return user_spec(variant, checkpoint, img_size=img_size, num_classes=num_classes,
+                     pos_embed_interp=pos_embed_interp, dynamic_img_size=dynamic_img_size,
+                     img_size_range=img_size_range)
 
 CALIB = OptionGroup(
     "calib",

@@ -16,24 +16,25 @@ from .to_onnx import INPUT_NAME, OUTPUT_NAME
 
 
 def check_onnx_against_torch(onnx_path: Path, model: VisionTransformer, batches: tuple[int, ...] = (1, 3),
-                             thresholds: Thresholds | None = None, seed: int = 0,
-                             log: Log = QUIET) -> list[BatchCheck]:
-    """Run the ONNX in ONNX Runtime (CPU) and the model in PyTorch on the same random inputs, per batch size."""
+                             thresholds: Thresholds | None = None, seed: int = 0, log: Log = QUIET,
+                             sizes: list[tuple[int, int]] | None = None) -> list[BatchCheck]:
+    """Run the ONNX in ONNX Runtime (CPU) and the model in PyTorch on the same random inputs, per batch size (and
+    per image size, for a dynamic-size export)."""
     thresholds = thresholds or export_thresholds()
     sess = create_session(onnx_path)
     gen = torch.Generator().manual_seed(seed)
     cfg = model.cfg
     checks = []
-    for b in batches:
-        x = torch.randn(b, cfg.in_chans, *cfg.img_size, generator=gen)
+    for b, size in [(b, s) for s in (sizes or [cfg.img_size]) for b in batches]:
+        x = torch.randn(b, cfg.in_chans, *size, generator=gen)
         with torch.no_grad():
             ref = model(x).numpy()
         out = sess.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0]
         if out.shape != ref.shape:
             raise ParityError(f"ONNX output shape {out.shape} differs from PyTorch {ref.shape} at batch {b}.")
         verdict = thresholds.judge(compare(ref, out))
-        checks.append(BatchCheck(b, verdict.stats, verdict.passed))
-        log.info(f"batch {b:>3}: max abs diff {verdict.stats.max_abs:.2e}, min cosine {verdict.stats.cos_min:.7f} "
+        checks.append(BatchCheck(b, verdict.stats, verdict.passed, None if sizes is None else tuple(size)))
+        log.info(f"batch {b:>3}{'' if sizes is None else f' at {size[0]}x{size[1]}'}: max abs diff {verdict.stats.max_abs:.2e}, min cosine {verdict.stats.cos_min:.7f} "
                  f"-> {'ok' if verdict.passed else 'FAIL'}")
     return checks
 

@@ -15,7 +15,7 @@ from ..artifacts.manifest import BatchCheck, ExportParity, Manifest
 from ..artifacts.workspace import writing
 from ..environment import versions
 from ..errors import VitexportError
-from ..model.spec import ExportOptions, ModelSpec
+from ..model.spec import ExportOptions, ModelSpec, SizeRange, check_range, check_sizes, default_range
 from ..parity.compare import export_thresholds
 from ..paths import sha256_file
 from ..preflight import check_export, check_opset
@@ -42,6 +42,15 @@ class ExportResult:
         return all(c.passed for c in self.checks)
 
 
+def size_range(spec: ModelSpec, built: BuiltModel) -> SizeRange | None:
+    """A dynamic-size export's image size range (the spec's, checked, or the default); None for a fixed size."""
+    cfg = built.model.cfg
+    if not cfg.dynamic_img_size:
+        return None
+    return check_range(spec.img_size_range or default_range(cfg.img_size, cfg.patch_size), cfg.img_size,
+                       cfg.patch_size)
+
+
 def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int) -> Manifest:
     """The manifest of an export, before its file exists (no digests, no parity yet)."""
     cfg, ckpt = built.model.cfg, built.checkpoint
@@ -54,15 +63,15 @@ def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int)
         checkpoint=None if ckpt is None else ckpt.record(), labels=built.labels,
         seed=spec.seed if ckpt is None else None, pos_embed_interp=spec.pos_embed_interp, opset=opset,
         onnx=onnx_name, input_name=INPUT_NAME, output_name=OUTPUT_NAME,
-        input_shape=["batch", cfg.in_chans, *cfg.img_size],
+        input_shape=["batch", cfg.in_chans, *(("height", "width") if cfg.dynamic_img_size else cfg.img_size)],
         output_shape=["batch", classes_or_width] if cfg.global_pool else ["batch", "tokens", classes_or_width],
-        versions=versions(with_python=True),
+        versions=versions(with_python=True), img_size_range=size_range(spec, built),
     )
 
 
 def _target(spec: ModelSpec, output: Path | None, built: BuiltModel) -> ModelFolder:
     folder = ModelFolder.for_output(output) if output is not None else \
-        ModelFolder.default_for(spec.variant, built.model.cfg.img_size)
+        ModelFolder.default_for(spec.variant, built.model.cfg.img_size, built.model.cfg.dynamic_img_size)
     if folder.onnx().is_dir():
         raise VitexportError(f"Output {folder.onnx()} is a folder; give a folder or a .onnx file path.")
     return folder.create()
@@ -115,6 +124,7 @@ def run_export(spec: ModelSpec, output: Path | None = None, opts: ExportOptions 
         built = build(spec)
     for n in built.notes:
         log.warn(n) if ("untrained" in n or "meaningless" in n or "dropped" in n) else log.info(n)
+    size_range(spec, built)  # a range that cannot be: refused before the folder is made
     folder = _target(spec, output, built)
     with writing(folder, log, temporaries=False):  # torch keeps its own cache under the system's temp folder
         return _export_into(folder, spec, built, opts, log)
@@ -126,13 +136,19 @@ def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: 
     manifest = new_manifest(spec, built, onnx_path.name, opts.opset)
     previous = _previous(folder, manifest, opts.force)
     thresholds = export_thresholds(opts.atol)
-    meta = onnx_metadata(spec.variant, built.preprocess, built.model.cfg.num_classes, spec.pos_embed_interp)
+    rng = manifest.img_size_range
+    meta = onnx_metadata(spec.variant, built.preprocess, built.model.cfg.num_classes, spec.pos_embed_interp, rng)
     batches = ", ".join(map(str, opts.check_batches))
+    sizes = None if rng is None else check_sizes(built.model.cfg.img_size, rng)
+    axes = "symbolic batch" if rng is None else \
+        f"symbolic batch and image size {rng[0][0]}x{rng[0][1]} to {rng[1][0]}x{rng[1][1]}"
+    at = "" if sizes is None else " and image size " + ", ".join(f"{h}x{w}" for h, w in sizes)
     with ExitStack() as stack:  # the export is moved into place only after its check passed
-        with log.step(f"Exporting ONNX (opset {opts.opset}, symbolic batch)"):
-            staged = stack.enter_context(staged_onnx(built.model, onnx_path, opts.opset, meta))
-        with log.step(f"Checking ONNX Runtime against PyTorch at batch {batches}"):
-            checks = check_onnx_against_torch(staged, built.model, opts.check_batches, thresholds, log=log)
+        with log.step(f"Exporting ONNX (opset {opts.opset}, {axes})"):
+            staged = stack.enter_context(staged_onnx(built.model, onnx_path, opts.opset, meta, img_size_range=rng))
+        with log.step(f"Checking ONNX Runtime against PyTorch at batch {batches}{at}"):
+            checks = check_onnx_against_torch(staged, built.model, opts.check_batches, thresholds, log=log,
+                                              sizes=sizes)
         require_parity(checks, thresholds)
     manifest.parity = ExportParity(opts.atol, checks)
     manifest.onnx_sha256, manifest.onnx_bytes = sha256_file(onnx_path), onnx_path.stat().st_size

@@ -54,9 +54,11 @@ def _tidy_graph(model_proto) -> None:
     del model_proto.metadata_props[:]
 
 
-def onnx_metadata(variant: str, preprocess: Preprocess, num_classes: int, pos_embed_interp: str) -> dict[str, str]:
+def onnx_metadata(variant: str, preprocess: Preprocess, num_classes: int, pos_embed_interp: str,
+                  img_size_range=None) -> dict[str, str]:
     """What a runtime needs to feed the graph, stored in the ONNX file itself."""
-    return {"vitexport.version": __version__, "vitexport.variant": variant,
+    dynamic = {} if img_size_range is None else {"img_size_range": json.dumps([list(s) for s in img_size_range])}
+    return {**dynamic, "vitexport.version": __version__, "vitexport.variant": variant,
             "vitexport.preprocess": json.dumps(preprocess.to_dict()),
             "input_size": json.dumps(list(preprocess.input_size)), "mean": json.dumps(list(preprocess.mean)),
             "std": json.dumps(list(preprocess.std)), "crop_pct": str(preprocess.crop_pct),
@@ -64,13 +66,20 @@ def onnx_metadata(variant: str, preprocess: Preprocess, num_classes: int, pos_em
             "pos_embed_interp": pos_embed_interp}
 
 
-def _trace(model: VisionTransformer, opset: int, example_batch: int):
-    """The model as an ONNX ModelProto with a symbolic batch axis."""
+def _trace(model: VisionTransformer, opset: int, example_batch: int, img_size_range=None):
+    """The model as an ONNX ModelProto with a symbolic batch axis (and symbolic height and width, multiples of the
+    patch size within `img_size_range`, for a dynamic-size model)."""
     model = model.eval()
     model.set_fused_attn(False)  # explicit MatMul/Softmax: what every runtime and quantizer understands
     cfg = model.cfg
     x = torch.randn(example_batch, cfg.in_chans, *cfg.img_size)
     batch = torch.export.Dim("batch", min=1, max=65536)
+    axes = {0: batch}
+    if cfg.dynamic_img_size:
+        (h0, w0), (h1, w1) = img_size_range
+        (ph, pw) = cfg.patch_size
+        axes[2] = ph * torch.export.Dim("grid_h", min=h0 // ph, max=h1 // ph)
+        axes[3] = pw * torch.export.Dim("grid_w", min=w0 // pw, max=w1 // pw)
     # the exporter logs a failed conversion to another opset with a traceback, then carries on with its own opset
     quiet = [logging.getLogger(name) for name in ("onnxscript", "torch.onnx")]
     levels = [q.level for q in quiet]
@@ -81,7 +90,7 @@ def _trace(model: VisionTransformer, opset: int, example_batch: int):
         try:
             program = torch.onnx.export(
                 model, (x,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                dynamic_shapes={"x": {0: batch}}, opset_version=opset, optimize=True, verbose=False,
+                dynamic_shapes={"x": axes}, opset_version=opset, optimize=True, verbose=False,
             )
         finally:
             for q, level in zip(quiet, levels):
@@ -90,20 +99,36 @@ def _trace(model: VisionTransformer, opset: int, example_batch: int):
     if got != opset:
         raise VitexportError(f"--opset {opset} is out of reach: torch.onnx's exporter could not convert this graph "
                              f"to it (the graph stays at opset {got}); use a lower --opset (default {DEFAULT_OPSET}).")
-    return program.model_proto
+    proto = program.model_proto
+    if cfg.dynamic_img_size:
+        _name_image_axes(proto)
+    return proto
+
+
+def _name_image_axes(proto) -> None:
+    """'height' and 'width' for the input's symbolic image axes (the exporter writes '16*grid_h')."""
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    for i, name in ((2, "height"), (3, "width")):
+        if dims[i].dim_param:
+            old = dims[i].dim_param
+            for vi in list(proto.graph.input) + list(proto.graph.value_info) + list(proto.graph.output):
+                for d in vi.type.tensor_type.shape.dim:
+                    if d.dim_param == old:
+                        d.dim_param = name
 
 
 def export_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_OPSET,
-                metadata: dict[str, str] | None = None, example_batch: int = 2) -> Path:
+                metadata: dict[str, str] | None = None, example_batch: int = 2, img_size_range=None) -> Path:
     """Export with a symbolic batch axis to `out_path` atomically (external data beside it for > 2 GB models)."""
-    with staged_onnx(model, out_path, opset, metadata, example_batch):
+    with staged_onnx(model, out_path, opset, metadata, example_batch, img_size_range):
         pass
     return Path(out_path)
 
 
 @contextmanager
 def staged_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_OPSET,
-                metadata: dict[str, str] | None = None, example_batch: int = 2) -> Iterator[Path]:
+                metadata: dict[str, str] | None = None, example_batch: int = 2,
+                img_size_range=None) -> Iterator[Path]:
     """Export to a temporary beside `out_path` and yield it; it replaces `out_path` only if the block succeeds.
 
     The block checks the temporary (ONNX Runtime against PyTorch); raising there keeps the previous file.
@@ -113,7 +138,7 @@ def staged_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_O
     if example_batch < 2:
         raise VitexportError("The example batch must be at least 2 (size-1 dimensions get specialised).")
     out_path, data_path = Path(out_path), external_data_of(out_path)
-    proto = _trace(model, opset, example_batch)
+    proto = _trace(model, opset, example_batch, img_size_range)
     _tidy_graph(proto)
     for k, v in (metadata or {}).items():
         entry = proto.metadata_props.add()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..artifacts.manifest import LabelsRecord, Manifest
@@ -10,7 +10,7 @@ from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..model.checkpoints import Checkpoint, load_checkpoint, load_into
 from ..model.labels import labels_record
-from ..model.posembed import INTERPOLATIONS
+from ..model.posembed import INTERPOLATIONS, infer_grid
 from ..model.spec import ModelSpec
 from ..model.variants import get_variant
 from ..model.vit import VisionTransformer, ViTConfig, build_model
@@ -41,6 +41,9 @@ def build(spec: ModelSpec) -> BuiltModel:
     if num_classes is not None and num_classes < 0:
         raise VitexportError("--num-classes must be 0 (features) or positive.")
     cfg = variant.config(img_size=spec.img_size, num_classes=num_classes, **overrides)
+    if spec.dynamic_img_size:  # the position embedding stays at the checkpoint's grid; resampled per input
+        cfg = replace(cfg, dynamic_img_size=True, pos_embed_interp=spec.pos_embed_interp,
+                      pos_embed_grid=stored_grid(ckpt, cfg))
     model = build_model(cfg, seed=spec.seed)
     if ckpt is not None:
         notes = load_into(model, ckpt, spec.pos_embed_interp)
@@ -49,6 +52,16 @@ def build(spec: ModelSpec) -> BuiltModel:
                  "accuracy is meaningless."]
     labels = labels_record(cfg.num_classes, spec.variant, None if ckpt is None else ckpt.hints.get("labels"))
     return BuiltModel(model.eval(), spec.preprocess_for(cfg.img_size), ckpt, notes, labels)
+
+
+def stored_grid(ckpt: Checkpoint | None, cfg: ViTConfig) -> tuple[int, int]:
+    """The patch grid a checkpoint's position embedding covers (the config's own grid without a checkpoint)."""
+    if ckpt is None or "pos_embed" not in ckpt.state_dict:
+        return cfg.grid_size
+    if ckpt.hints.get("grid"):
+        return tuple(ckpt.hints["grid"])
+    prefix = 0 if cfg.no_embed_class else (1 if cfg.class_token else 0)
+    return infer_grid(int(ckpt.state_dict["pos_embed"].shape[-2]) - prefix)
 
 
 def model_from_manifest(manifest: Manifest) -> VisionTransformer:

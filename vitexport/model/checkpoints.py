@@ -343,16 +343,16 @@ def adapt_state_dict(
     notes: list[str] = []
     sd = dict(sd)
     target = model.state_dict()
+    grid = model.pos_grid  # the model's own grid, or a dynamic-size model's stored one
     if "pos_embed" in sd and sd["pos_embed"].shape != target["pos_embed"].shape or (
-            old_grid and tuple(old_grid) != model.patch_embed.grid_size and "pos_embed" in sd):
+            old_grid and tuple(old_grid) != grid and "pos_embed" in sd):
         prefix = 0 if model.no_embed_class else model.num_prefix_tokens
         pe = sd["pos_embed"]
         if pe.ndim == 2:
             pe = pe.unsqueeze(0)
         if pe.shape[-1] == target["pos_embed"].shape[-1]:
-            sd["pos_embed"] = resample_pos_embed(pe, model.patch_embed.grid_size, prefix, old_grid, pos_embed_interp)
-            notes.append(f"Resized the position embedding to a {model.patch_embed.grid_size[0]}x"
-                         f"{model.patch_embed.grid_size[1]} grid ({pos_embed_interp}).")
+            sd["pos_embed"] = resample_pos_embed(pe, grid, prefix, old_grid, pos_embed_interp)
+            notes.append(f"Resized the position embedding to a {grid[0]}x{grid[1]} grid ({pos_embed_interp}).")
     head_w = sd.get("head.weight")
     if head_w is not None and "head.weight" not in target:
         notes.append("num_classes is 0: dropped the checkpoint's head; the model outputs features.")

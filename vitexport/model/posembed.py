@@ -43,20 +43,40 @@ def resample_pos_embed(
     method: str = DEFAULT_INTERPOLATION,
 ) -> "torch.Tensor":
     """(1, prefix + Ho*Wo, D) -> (1, prefix + Hn*Wn, D); the prefix (class) tokens are kept as they are."""
-    import torch  # here, not at the top: the CLI reads INTERPOLATIONS without loading torch
-    import torch.nn.functional as F
-
     if method not in INTERPOLATIONS:
         raise VitexportError(f"Unknown position-embedding interpolation {method!r}; choose one of: "
                              f"{', '.join(INTERPOLATIONS)}.")
-    mode, antialias = INTERPOLATIONS[method]
-    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]  # (1, p, D), (1, Ho*Wo, D)
-    old_grid = old_grid or infer_grid(grid.shape[1])
+    old_grid = old_grid or infer_grid(pos_embed.shape[1] - num_prefix_tokens)
     if tuple(old_grid) == tuple(new_grid):
         return pos_embed
+    return interpolate_pos_embed(pos_embed, new_grid, num_prefix_tokens, old_grid, method)
+
+
+def interpolate_pos_embed(pos_embed: "torch.Tensor", new_grid: tuple, num_prefix_tokens: int,
+                          old_grid: tuple[int, int], method: str) -> "torch.Tensor":
+    """resample_pos_embed without its same-size shortcut, so that `new_grid` may be symbolic (a dynamic-size
+    export: the Resize runs in the graph, identity at the stored grid, as timm's dynamic_img_size does)."""
+    import torch
+    import torch.nn.functional as F
+
+    mode, antialias = INTERPOLATIONS[method]
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]  # (1, p, D), (1, Ho*Wo, D)
     D = grid.shape[-1]
     dtype = grid.dtype
     grid = grid.float().reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2)  # (1, D, Ho, Wo)
     grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(dtype)  # (1, Hn*Wn, D)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, D).to(dtype)  # (1, Hn*Wn, D)
     return torch.cat([prefix, grid], dim=1)
+
+
+def antialiased_resizes(onnx_path) -> list[str]:
+    """The Resize nodes of a graph with antialias set (read without its external data); none for a file that is not
+    ONNX (the parser's own error says so)."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 -- protobuf's DecodeError, OSError: TensorRT's parser names what is wrong
+        return []
+    return [n.name or n.output[0] for n in graph.node
+            if n.op_type == "Resize" and any(a.name == "antialias" and a.i for a in n.attribute)]

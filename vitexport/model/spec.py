@@ -34,6 +34,8 @@ class ModelSpec:
     seed: int = 0  # of the random weights, when there is no checkpoint
     preprocess: Preprocess | None = None  # the checkpoint's own (a hub config's); None: the variant's
     overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields the checkpoint's config sets
+    dynamic_img_size: bool = False  # an export that takes any image size in img_size_range (img_size: the default)
+    img_size_range: "SizeRange | None" = None  # ((min H, min W), (max H, max W)); None: default_range()
 
     def resolved_checkpoint(self) -> Path | None:
         """The weights file or folder to read: a hub reference is fetched through the Hugging Face cache."""
@@ -59,7 +61,7 @@ class ModelSpec:
     def default_folder(self) -> ModelFolder:
         """models/<variant>-<H>x<W>: where this spec's export goes without --output."""
         variant = get_variant(self.variant)
-        return ModelFolder.default_for(self.variant, self.img_size or variant.img_size)
+        return ModelFolder.default_for(self.variant, self.img_size or variant.img_size, self.dynamic_img_size)
 
     def differences(self, manifest: "Manifest") -> list[str]:
         """How an existing export differs from what this spec asks for; empty when it is that model."""
@@ -112,6 +114,53 @@ def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **
 
 DEFAULT_OPSET = 18
 MIN_OPSET = 17  # LayerNormalization
+
+SizeRange = tuple[tuple[int, int], tuple[int, int]]  # ((min H, min W), (max H, max W))
+MIN_GRID = 2  # patches per side at least: the exporter specialises a dimension of size 1
+
+
+def default_range(img_size: tuple[int, int], patch: tuple[int, int]) -> SizeRange:
+    """Half to twice the default size on each side, in whole patches (at least MIN_GRID of them)."""
+    def side(n: int, p: int, factor: float) -> int:
+        return max(MIN_GRID, int(n * factor) // p) * p
+
+    return ((side(img_size[0], patch[0], 0.5), side(img_size[1], patch[1], 0.5)),
+            (side(img_size[0], patch[0], 2.0), side(img_size[1], patch[1], 2.0)))
+
+
+def check_range(rng: SizeRange, img_size: tuple[int, int], patch: tuple[int, int]) -> SizeRange:
+    """A range whose sides are multiples of the patch, at least MIN_GRID patches, min <= default <= max."""
+    (h0, w0), (h1, w1) = rng
+    for what, (h, w) in (("minimum", (h0, w0)), ("maximum", (h1, w1))):
+        if h % patch[0] or w % patch[1]:
+            raise VitexportError(f"--img-size-range: the {what} {h}x{w} is not a multiple of the patch size "
+                                 f"{patch[0]}x{patch[1]}.")
+        if h < MIN_GRID * patch[0] or w < MIN_GRID * patch[1]:
+            raise VitexportError(f"--img-size-range: the {what} {h}x{w} is under {MIN_GRID} patches a side "
+                                 f"({MIN_GRID * patch[0]}x{MIN_GRID * patch[1]}).")
+    if not (h0 <= img_size[0] <= h1 and w0 <= img_size[1] <= w1):
+        raise VitexportError(f"--img-size-range {h0}x{w0}..{h1}x{w1} does not hold the default size "
+                             f"{img_size[0]}x{img_size[1]} (--img-size).")
+    return ((h0, w0), (h1, w1))
+
+
+def second_size(img_size: tuple[int, int], rng: SizeRange) -> tuple[int, int]:
+    """The other size a dynamic export's converted files are checked at: the range's smallest height by its largest
+    width (non-square; the position embedding is shrunk on one axis and stretched on the other, so antialiasing
+    acts; about as many tokens as the default size for a default range), else another corner of the range."""
+    (h0, w0), (h1, w1) = rng
+    for size in ((h0, w1), (h1, w0), (h1, w1), (h0, w0)):
+        if tuple(size) != tuple(img_size):
+            return size
+    return tuple(img_size)
+
+
+def check_sizes(img_size: tuple[int, int], rng: SizeRange) -> list[tuple[int, int]]:
+    """The sizes a dynamic export is checked at: the default, the largest, and a non-square one."""
+    (h0, w0), (h1, w1) = rng
+    odd = (h0, w1) if h0 != w1 else (h1, w0)
+    sizes = [tuple(img_size), (h1, w1)] + ([odd] if odd[0] != odd[1] else [])
+    return list(dict.fromkeys(sizes))
 
 
 @dataclass

@@ -188,10 +188,17 @@ class ViTConfig:
     drop_rate: float = 0.0  # dropout after the position embedding, in the blocks and before the head
     attn_drop_rate: float = 0.0  # dropout on the attention matrix
     drop_path_rate: float = 0.0  # stochastic depth, linearly increasing over the blocks
+    # any image size (multiples of the patch): the position embedding, stored at pos_embed_grid, is resampled to
+    # each input's grid in the forward pass with pos_embed_interp (timm's dynamic_img_size)
+    dynamic_img_size: bool = False
+    pos_embed_grid: tuple[int, int] | None = None  # the grid the stored position embedding covers; None: img_size's
+    pos_embed_interp: str = "bicubic-antialias"  # posembed.INTERPOLATIONS; used only with dynamic_img_size
 
     def __post_init__(self) -> None:
         self.img_size = to_2tuple(self.img_size)
         self.patch_size = to_2tuple(self.patch_size)
+        if self.pos_embed_grid is not None:
+            self.pos_embed_grid = to_2tuple(self.pos_embed_grid)
         if self.global_pool not in ("token", "avg", ""):
             raise VitexportError(f"global_pool must be 'token', 'avg' or '', not {self.global_pool!r}.")
         if self.global_pool == "token" and not self.class_token:
@@ -200,6 +207,11 @@ class ViTConfig:
     @property
     def grid_size(self) -> tuple[int, int]:
         return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+
+    @property
+    def pos_grid(self) -> tuple[int, int]:
+        """The grid of the stored position embedding."""
+        return self.pos_embed_grid or self.grid_size
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -221,9 +233,11 @@ class VisionTransformer(nn.Module):
         self.num_features = self.embed_dim = D
         self.num_prefix_tokens = 1 if cfg.class_token else 0
         self.no_embed_class = cfg.no_embed_class
+        self.dynamic_img_size = cfg.dynamic_img_size
+        self.pos_grid = cfg.pos_grid
 
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D, bias=not cfg.pre_norm)
-        num_patches = self.patch_embed.num_patches
+        num_patches = self.pos_grid[0] * self.pos_grid[1]
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
         embed_len = num_patches if cfg.no_embed_class else num_patches + self.num_prefix_tokens
         self.pos_embed = nn.Parameter(torch.randn(1, embed_len, D) * 0.02)  # (1, N_pos, D)
@@ -272,21 +286,31 @@ class VisionTransformer(nn.Module):
                 m.fused_attn = enabled
 
     # -- forward ------------------------------------------------------------------------------------------
-    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Add the position embedding and (before or after it) prepend the class token."""
+    def _pos_embed(self, x: torch.Tensor, grid: tuple | None = None) -> torch.Tensor:
+        """Add the position embedding (resampled to `grid` when given) and (before or after it) prepend the class
+        token."""
+        pos_embed = self.pos_embed
+        if grid is not None:
+            from .posembed import interpolate_pos_embed
+
+            prefix = 0 if self.no_embed_class else self.num_prefix_tokens
+            pos_embed = interpolate_pos_embed(pos_embed, grid, prefix, self.pos_grid, self.cfg.pos_embed_interp)
         if self.no_embed_class:
-            x = x + self.pos_embed  # (B, N, D)
+            x = x + pos_embed  # (B, N, D)
             if self.cls_token is not None:
                 x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, 1+N, D)
         else:
             if self.cls_token is not None:
                 x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, 1+N, D)
-            x = x + self.pos_embed
+            x = x + pos_embed
         return self.pos_drop(x)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        grid = None
+        if self.dynamic_img_size:  # the input's patch grid (symbolic in a dynamic-size export)
+            grid = (x.shape[-2] // self.patch_embed.patch_size[0], x.shape[-1] // self.patch_embed.patch_size[1])
         x = self.patch_embed(x)  # (B, N, D)
-        x = self._pos_embed(x)  # (B, prefix+N, D)
+        x = self._pos_embed(x, grid)  # (B, prefix+N, D)
         x = self.norm_pre(x)
         x = self.blocks(x)
         return self.norm(x)  # (B, prefix+N, D)

@@ -17,6 +17,7 @@ import errno
 import os
 import tempfile
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from ..artifacts.verify import check_onnx, require
 from ..backends.openvino_backend import INSTALL_COMMAND, OpenVinoRunner, first_line, import_openvino
 from ..backends.ort_session import create_session, session_infer
 from ..errors import BackendUnavailable, ParityError, VitexportError
+from ..model.posembed import antialiased_resizes
+from ..model.spec import second_size
 from ..parity.compare import ParityVerdict, Thresholds, describe, judge
 from ..paths import default_heldout_dir, display_path, out_of_space, sha256_file, staging_prefix, write_error
 from ..precision.prepare import PrecisionResult
@@ -187,10 +190,13 @@ def _convert(folder: ModelFolder, kind: str, calib: CalibOptions, manifest: Mani
                 _publish(tmp_xml, rejected)
                 raise ParityError(f"The {precision.upper()} IR failed the parity check ({'; '.join(verdict.failures)}); "
                                   f"kept it as {rejected.name} and left {xml.name} unchanged.")
+        size_check = None
+        if held is not None and manifest.img_size_range is not None:
+            size_check = _check_second_size(folder, kind, fp32, tmp_xml, xml, manifest, calib, log)
         tmp_bin = ir_weights_of(tmp_xml)
         record = PrecisionRecord(
             file=xml.name, source_sha256=fp32_sha, sha256=sha256_file(tmp_xml),
-            check=None if verdict is None else HeldOutCheck.from_verdict(held.source, verdict),
+            check=None if verdict is None else HeldOutCheck.from_verdict(held.source, verdict), size_check=size_check,
             openvino=IrRecord(ir_weights_of(xml).name, sha256_file(tmp_bin), tmp_bin.stat().st_size, source_kind,
                               onnx_digest(source), fp16, version))
         _publish(tmp_xml, xml)
@@ -199,6 +205,32 @@ def _convert(folder: ModelFolder, kind: str, calib: CalibOptions, manifest: Mani
             tmp.unlink(missing_ok=True)
     folder.record_precision(kind, record)
     return PrecisionResult(kind, xml, verdict, None, None)
+
+
+def _check_second_size(folder: ModelFolder, kind: str, fp32: Path, tmp_xml: Path, xml: Path, manifest: Manifest,
+                       calib: CalibOptions, log: Log) -> HeldOutCheck:
+    """A dynamic-size export's IR checked again at a second size (model.spec.second_size): OpenVINO resamples the
+    position embedding itself there."""
+    precision = artifact_kind(kind).precision
+    size = second_size(manifest.img_size, manifest.img_size_range)
+    held = _heldout(calib, replace(manifest, preprocess=replace(manifest.preprocess, input_size=tuple(size))), QUIET)
+    assert held is not None
+    try:
+        with log.step(f"Checking the {precision.upper()} IR against FP32 at {size[0]}x{size[1]}"):
+            verdict = check_ir_against_fp32(fp32, tmp_xml, precision, manifest, held, calib.thresholds, log)
+    finally:
+        held.close()
+    if verdict.failed:
+        rejected = folder.rejected(kind)
+        _publish(tmp_xml, rejected)
+        hint = ""
+        if antialiased_resizes(fp32):
+            hint = (" OpenVINO's antialiased bicubic resampling differs from PyTorch's; an export with "
+                    "--pos-embed-interp bicubic (or bilinear) converts exactly.")
+        raise ParityError(f"The {precision.upper()} IR failed the parity check at {size[0]}x{size[1]} "
+                          f"({'; '.join(verdict.failures)}); kept it as {rejected.name} and left {xml.name} "
+                          f"unchanged.{hint}")
+    return HeldOutCheck.from_verdict(held.source, verdict, size)
 
 
 # -- whether an IR in the folder is the one recorded --------------------------------------------------------

@@ -6,7 +6,7 @@ previous good file.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..artifacts.folder import ModelFolder, artifact_kind, external_data_of
@@ -14,6 +14,7 @@ from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, Prec
 from ..artifacts.verify import BROKEN, MISSING, check_onnx
 from ..backends.ort_session import create_session, session_infer
 from ..errors import ParityError, VitexportError
+from ..model.spec import second_size
 from ..parity.compare import ParityVerdict, Thresholds, describe, judge
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_file
 from ..progress import QUIET, Log
@@ -108,14 +109,37 @@ def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manife
                 verdict = check_against_fp32(fp32, tmp, held, artifact_kind(precision).precision, manifest,
                                              opts.thresholds, log)
             record.check = HeldOutCheck.from_verdict(held.source, verdict)
-            if verdict.failed:
+            failures = list(verdict.failures)
+            if not failures and manifest.img_size_range is not None:
+                (h, w), second = _check_second_size(fp32, tmp, precision, manifest, opts, record, log)
+                failures = [f"at {h}x{w}: {f}" for f in second.failures]
+            if failures:
                 rejected = folder.rejected(precision)
                 os.replace(tmp, rejected)
-                raise ParityError(f"{precision.upper()} model failed the parity check ({'; '.join(verdict.failures)}); "
+                raise ParityError(f"{precision.upper()} model failed the parity check ({'; '.join(failures)}); "
                                   f"kept it as {rejected} and left {out_path.name} unchanged.")
     record.sha256 = sha256_file(out_path)
     folder.record_precision(precision, record)
     return PrecisionResult(precision, out_path, verdict, reused, key)
+
+
+def _check_second_size(fp32: Path, candidate: Path, precision: str, manifest: Manifest, opts: CalibOptions,
+                       record: PrecisionRecord, log: Log) -> tuple[tuple[int, int], ParityVerdict]:
+    """A dynamic-size export's converted file checked again at a second size (spec.second_size): its ranges were
+    calibrated at the default size, and the resampled position embedding runs in its precision too."""
+    size = second_size(manifest.img_size, manifest.img_size_range)
+    pp = replace(manifest.preprocess, input_size=tuple(size))
+    held = _heldout(opts, replace(manifest, preprocess=pp), precision, QUIET)
+    assert held is not None
+    try:
+        with log.step(f"Checking {precision.upper()} against FP32 at {size[0]}x{size[1]} on {len(held):,} held-out "
+                      f"inputs"):
+            verdict = check_against_fp32(fp32, candidate, held, artifact_kind(precision).precision, manifest,
+                                         opts.thresholds, log)
+    finally:
+        held.close()
+    record.size_check = HeldOutCheck.from_verdict(held.source, verdict, size)
+    return size, verdict
 
 
 def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Path, manifest: Manifest,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -19,7 +19,7 @@ from ..artifacts.sidecar import SIDECAR_FORMAT, write_sidecar
 from ..errors import VitexportError
 from ..paths import atomic_path
 from ..progress import QUIET, Log
-from .options import BuildOptions, profile_shapes
+from .options import BuildOptions, profile_shapes, refuse_antialias
 from .probe import require_trt_and_gpu
 
 PrepareOnnx = Callable[[str], Path]  # precision -> the ONNX that carries it (exporting / converting as needed)
@@ -52,10 +52,14 @@ def run_trt(model_dir: ModelFolder | Path, opts: BuildOptions, log: Log = QUIET,
     """
     opts.validate()
     folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
+    opts = with_image_range(folder, opts)
+    if folder.onnx().is_file():
+        refuse_antialias(folder.onnx())  # before minutes of calibration for a graph TensorRT cannot parse
     onnx_path = Path(prepare_onnx(opts.precision)) if prepare_onnx is not None \
         else folder.plan_source(opts.precision)
     if not onnx_path.is_file():
         raise VitexportError(f"{onnx_path} does not exist; make it with {_how_to_make(opts.precision)} first.")
+    refuse_antialias(onnx_path)
     trt_version, gpu = require_trt_and_gpu()
     log.info(f"TensorRT {trt_version} on {gpu['name']} (compute capability {gpu['compute_capability']}).")
 
@@ -76,6 +80,16 @@ def run_trt(model_dir: ModelFolder | Path, opts: BuildOptions, log: Log = QUIET,
         write_sidecar(sidecar_path, sidecar)
     log.info(f"Wrote {plan_path} ({len(plan) / 2**20:.1f} MiB) and {sidecar_path.name} in {seconds:.1f}s.")
     return TrtResult(plan_path, sidecar_path, sidecar, onnx_path, seconds)
+
+
+def with_image_range(folder: ModelFolder, opts: BuildOptions) -> BuildOptions:
+    """A dynamic-size export's default size and range (its manifest) for the profile; opts unchanged otherwise."""
+    if opts.img_size_range is not None or not folder.has_manifest():
+        return opts
+    manifest = folder.read_manifest()
+    if manifest.img_size_range is None:
+        return opts
+    return replace(opts, img_size=tuple(manifest.img_size), img_size_range=manifest.img_size_range).validate()
 
 
 def _how_to_make(precision: str) -> str:

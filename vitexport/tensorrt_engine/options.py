@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from ..artifacts.folder import PLAN_PRECISIONS
 from ..errors import VitexportError
+from ..model.posembed import antialiased_resizes
 
 # Strongly typed networks are complete from TensorRT 10.12 on: NVIDIA's strong-typing migration guidance
 # (TensorRT repo, .agents/skills/trt-strong-typing-migration/SKILL.md, 11.1: "strong typing is fully available from
@@ -71,6 +72,9 @@ class BuildOptions:
     workspace_gib: float | None = None  # builder scratch memory limit; None = TensorRT's default (the GPU's memory)
     timing_cache: Path | None = None  # loaded when present, saved after the build; None = no cache file
     opt_level: int | None = None  # builder optimization level 0-5; None = TensorRT's default (3)
+    # a dynamic-size graph (symbolic height and width): the profile's image sizes, from its manifest
+    img_size: tuple[int, int] | None = None  # the size TensorRT tunes for (the export's default size)
+    img_size_range: tuple[tuple[int, int], tuple[int, int]] | None = None  # ((min H, min W), (max H, max W))
 
     def validate(self) -> "BuildOptions":
         """Raise VitexportError (one sentence) on the first invalid option; returns self for chaining."""
@@ -93,6 +97,12 @@ class BuildOptions:
         if self.opt_level is not None and (isinstance(self.opt_level, bool) or not isinstance(self.opt_level, int)
                                            or self.opt_level not in OPT_LEVELS):
             raise VitexportError(f"--opt-level must be one of 0-5, got {self.opt_level!r}.")
+        if self.img_size_range is not None:
+            (h0, w0), (h1, w1) = self.img_size_range
+            h, w = self.img_size or (h0, w0)
+            if not (1 <= h0 <= h <= h1 and 1 <= w0 <= w <= w1):
+                raise VitexportError(f"The image size profile needs min <= opt <= max on each side, got "
+                                     f"{h0}x{w0} / {h}x{w} / {h1}x{w1}.")
         if self.timing_cache is not None:
             tc = Path(self.timing_cache)
             if tc.exists() and not tc.is_file():
@@ -106,13 +116,19 @@ class BuildOptions:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["timing_cache"] = None if self.timing_cache is None else str(self.timing_cache)
+        d["img_size"] = None if self.img_size is None else list(self.img_size)  # as JSON reads it back
+        d["img_size_range"] = None if self.img_size_range is None else [list(s) for s in self.img_size_range]
         return d
 
 
 def profile_shapes(opts: BuildOptions, chw: Sequence[int]) -> tuple[Shape, Shape, Shape]:
-    """(min, opt, max) input shapes of the optimization profile: only the batch axis varies."""
+    """(min, opt, max) input shapes of the optimization profile: the batch axis varies, and height and width too
+    for a dynamic-size graph (opts.img_size_range; opt: opts.img_size)."""
     c, h, w = check_chw(chw)
-    return ((opts.min_batch, c, h, w), (opts.opt_batch, c, h, w), (opts.max_batch, c, h, w))
+    if opts.img_size_range is None:
+        return ((opts.min_batch, c, h, w), (opts.opt_batch, c, h, w), (opts.max_batch, c, h, w))
+    (h0, w0), (h1, w1) = opts.img_size_range
+    return ((opts.min_batch, c, h0, w0), (opts.opt_batch, c, h, w), (opts.max_batch, c, h1, w1))
 
 
 def check_chw(chw: Sequence[int]) -> tuple[int, int, int]:
@@ -123,19 +139,56 @@ def check_chw(chw: Sequence[int]) -> tuple[int, int, int]:
 
 
 def input_chw(shape: Sequence[int], name: str, opts: BuildOptions) -> tuple[int, int, int]:
-    """(C, H, W) of the ONNX input as TensorRT sees it (-1 = symbolic); only the batch axis may be symbolic."""
+    """(C, H, W) of the ONNX input as TensorRT sees it; only the batch axis may be symbolic, and height and width
+    too when opts has an image size range (then H, W are its opt size)."""
     dims = [int(d) for d in shape]
     if len(dims) != 4:
         raise VitexportError(f"The ONNX input {name!r} has shape {dims}; a ViT takes (batch, channels, height, width).")
-    if any(d < 1 for d in dims[1:]):
-        raise VitexportError(f"The ONNX input {name!r} has a symbolic image size {dims[1:]}; re-export it with a fixed "
-                             f"image size (the engine's profile only varies the batch).")
+    if dims[1] < 1:
+        raise VitexportError(f"The ONNX input {name!r} has a symbolic channel axis {dims[1:]}; a ViT takes a fixed "
+                             f"number of channels.")
+    symbolic = [d < 1 for d in dims[2:]]
+    if any(symbolic) and opts.img_size_range is None:
+        raise VitexportError(f"The ONNX input {name!r} has a symbolic image size {dims[1:]}, but no image size range "
+                             f"was given; build it from its model folder (whose manifest records the range of "
+                             f"`vitexport onnx --dynamic-img-size`).")
+    if not any(symbolic) and opts.img_size_range is not None:
+        raise VitexportError(f"The ONNX input {name!r} has a fixed image size {dims[2:]}, so an image size range "
+                             f"cannot apply; export it with `vitexport onnx --dynamic-img-size`.")
+    if any(symbolic):
+        if not all(symbolic):
+            raise VitexportError(f"The ONNX input {name!r} has a symbolic image size on one side only {dims[1:]}; "
+                                 f"export it again with `vitexport onnx --dynamic-img-size`.")
+        h, w = opts.img_size or opts.img_size_range[0]
+        dims = [dims[0], dims[1], h, w]
     batch = dims[0]
     if batch >= 1 and not (opts.min_batch == opts.opt_batch == opts.max_batch == batch):
         raise VitexportError(f"The ONNX input {name!r} has a fixed batch of {batch}, so the batch profile "
                              f"{opts.min_batch}/{opts.opt_batch}/{opts.max_batch} cannot apply; re-export it with "
                              f"`vitexport onnx` (symbolic batch).")
     return dims[1], dims[2], dims[3]
+
+
+def refuse_antialias(onnx_path: Path) -> None:
+    """TensorRT's ONNX parser rejects an antialiased Resize (onnx-tensorrt's onnxOpCheckers.cpp: "Antialiasing is
+    not supported currently"): a dynamic-size export made with bicubic-antialias is refused in one sentence."""
+    nodes = antialiased_resizes(Path(onnx_path))
+    if nodes:
+        raise VitexportError(f"{Path(onnx_path).name} resamples its position embedding with an antialiased Resize "
+                             f"({nodes[0]}), which TensorRT's ONNX parser does not support; export it again with "
+                             f"`vitexport onnx --dynamic-img-size --pos-embed-interp bicubic` (or bilinear).")
+
+
+def check_image_shape(chw: tuple[int, ...], lo: tuple[int, ...], hi: tuple[int, ...], plan_name: str) -> None:
+    """A runner's (C, H, W) must be the engine's, or lie inside its image size profile (a dynamic-size engine)."""
+    if tuple(lo) == tuple(hi):
+        if tuple(chw) != tuple(lo):
+            raise VitexportError(f"{plan_name} takes images of shape {tuple(lo)}, got {tuple(chw)}.")
+        return
+    if len(chw) != 3 or chw[0] != lo[0] or not all(a <= s <= b for a, s, b in zip(lo[1:], chw[1:], hi[1:])):
+        raise VitexportError(f"{plan_name} takes images from {lo[1]}x{lo[2]} to {hi[1]}x{hi[2]} with {lo[0]} "
+                             f"channels, got {tuple(chw)}; rebuild it from an export with a wider "
+                             f"--img-size-range to take it.")
 
 
 def check_batch(batch: int, lo: int, hi: int, plan_name: str) -> None:
