@@ -238,3 +238,59 @@ def _heldout_dir():
 
     return ROOT / "calibration" / "digits" / "heldout"
 
+
+
+# -- bench at several sizes; predict and triton ----------------------------------------------------------------
+
+def test_bench_times_a_dynamic_export_at_each_size(bicubic_export, tmp_path):
+    out = tmp_path / "b.json"
+    r = CliRunner().invoke(cli, ["bench", str(bicubic_export), "--img-size", "32", "--img-size", "16x48",
+                                 "--backend", "onnxruntime cpu fp32", "--batch", "1", "--batch", "2",
+                                 "--max-images", "60", "--iterations", "2", "--min-time", "0", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    rows = {x["name"]: x for x in report["results"]}
+    assert set(rows) == {"pytorch cpu fp32 @ 32x32", "onnxruntime cpu fp32 @ 32x32", "pytorch cpu fp32 @ 16x48",
+                         "onnxruntime cpu fp32 @ 16x48"}
+    assert report["options"]["img_sizes"] == [[32, 32], [16, 48]]
+    for size in ("32x32", "16x48"):
+        row = rows[f"onnxruntime cpu fp32 @ {size}"]
+        assert row["img_size"] == [int(v) for v in size.split("x")] and row["parity"]["passed"]
+        assert row["parity"]["n"] == 60 and [lt["batch"] for lt in row["latency"]] == [1, 2]
+    # the digits were trained at 32x32: squeezed to 16x48 they are read far worse, so each size really ran
+    acc = {s: rows[f"pytorch cpu fp32 @ {s}"]["parity"]["acc_ref"] for s in ("32x32", "16x48")}
+    assert acc["32x32"] > 0.9 > acc["16x48"] + 0.2
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--img-size", "80x48"], "--img-size 80x48 is not one this export takes: from 16x16 to 64x48"),
+    (["--img-size", "18x20"], "in multiples of the patch size 4x4"),
+])
+def test_bench_refuses_a_size_the_export_does_not_take(bicubic_export, args, needle):
+    fails_cleanly(CliRunner().invoke(cli, ["bench", str(bicubic_export), *args]), needle)
+
+
+def test_bench_refuses_other_sizes_of_a_fixed_size_export_and_onnx_takes_one_size(tiny_default):
+    folder = tiny_default / "models" / "vit_tiny_patch16_224-32x32"
+    fails_cleanly(CliRunner().invoke(cli, ["bench", str(folder), "--img-size", "64"]),
+                  "was exported for 32x32 only; bench other sizes with an export made with `vitexport onnx "
+                  "--dynamic-img-size`")
+    fails_cleanly(CliRunner().invoke(cli, ["onnx", "--img-size", "32", "--img-size", "64"]),
+                  "--img-size is given once here")
+
+
+def test_predict_and_triton_take_a_dynamic_export(bicubic_export, tmp_path):
+    from conftest import ROOT
+
+    image = next((ROOT / "calibration" / "digits" / "heldout" / "7").iterdir())
+    r = CliRunner().invoke(cli, ["predict", "-q", str(bicubic_export), str(image), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)[0]["top"][0]["label"] == "7"
+    r = CliRunner().invoke(cli, ["triton", str(bicubic_export), "-o", str(tmp_path / "repo"), "-q"])
+    assert r.exit_code == 0, r.output
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from google.protobuf import text_format
+
+    config = next((tmp_path / "repo").glob("*/config.pbtxt"))
+    cfg = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
+    assert list(cfg.input[0].dims) == [3, -1, -1] and list(cfg.output[0].dims) == [10]

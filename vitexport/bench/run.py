@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ class BenchOptions:
     thresholds: dict[str, Thresholds] = field(default_factory=dict)  # per-precision overrides
     strict: bool = False
     max_images: int | None = None  # this many images spread evenly over --data (None: every one)
+    img_sizes: tuple[tuple[int, int], ...] | None = None  # a dynamic-size export: bench at each (None: its default)
     workers: int | None = None  # decoding threads (None: data.stream.default_workers)
 
 
@@ -72,6 +73,7 @@ class BackendResult:
     latency: list[Latency] = field(default_factory=list)  # one per timed batch size
     per_class: list[dict] = field(default_factory=list)  # labelled data: top-1 per class, reference and this
     timing: dict = field(default_factory=dict)  # the parity pass: inference and input-reading seconds, images/s
+    img_size: tuple[int, int] | None = None  # a dynamic-size export benched at several sizes: this row's
 
     @property
     def missed_parity(self) -> bool:
@@ -81,7 +83,8 @@ class BackendResult:
         return {"name": self.name, "backend": self.backend, "precision": self.precision, "device": self.device,
                 "provider": self.provider, "available": self.available, "reason": self.reason, "info": self.info,
                 "parity": None if self.parity is None else self.parity.to_dict(),
-                "latency": [asdict(lt) for lt in self.latency], "per_class": self.per_class, "timing": self.timing}
+                "latency": [asdict(lt) for lt in self.latency], "per_class": self.per_class, "timing": self.timing,
+                **({} if self.img_size is None else {"img_size": list(self.img_size)})}
 
 
 @dataclass
@@ -159,7 +162,27 @@ def discover(folder: ModelFolder, model, threads: int, gpu: bool,
 
 # -- the whole job ------------------------------------------------------------------------------------------
 
-def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log) -> ValidationSet:
+def bench_sizes(manifest: Manifest, sizes: tuple[tuple[int, int], ...] | None) -> list[tuple[int, int] | None]:
+    """The image sizes to bench at: [None] (the export's own) unless a dynamic-size export is given sizes in its
+    range, in whole patches; one sentence otherwise."""
+    if not sizes or (manifest.img_size_range is None and set(map(tuple, sizes)) == {tuple(manifest.img_size)}):
+        return [None]
+    if manifest.img_size_range is None:
+        raise VitexportError(f"{manifest.variant} was exported for {manifest.img_size[0]}x{manifest.img_size[1]} "
+                             f"only; bench other sizes with an export made with `vitexport onnx --dynamic-img-size`.")
+    (h0, w0), (h1, w1) = manifest.img_size_range
+    ph, pw = manifest.patch_size
+    for h, w in sizes:
+        if not (h0 <= h <= h1 and w0 <= w <= w1) or h % ph or w % pw:
+            raise VitexportError(f"--img-size {h}x{w} is not one this export takes: from {h0}x{w0} to {h1}x{w1}, in "
+                                 f"multiples of the patch size {ph}x{pw}.")
+    return list(dict.fromkeys(tuple(s) for s in sizes))
+
+
+def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
+                 size: tuple[int, int] | None = None) -> ValidationSet:
+    if size is not None:
+        manifest = replace(manifest, preprocess=replace(manifest.preprocess, input_size=tuple(size)))
     data_dir = Path(opts.data) if opts.data else default_heldout_dir(manifest.variant)
     int8 = manifest.precisions.get("int8")
     calib_dir = None if int8 is None or int8.calibration is None else int8.calibration.data
@@ -230,6 +253,13 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
     return res
 
 
+def _data(vset: ValidationSet) -> dict:
+    return {"source": display_path(vset.source), "n": vset.images.total, "n_parity": len(vset),
+            "subset": len(vset.images) < vset.images.total, "labelled": vset.labels is not None,
+            "classes": vset.images.classes, "decode": vset.inputs.decode.to_dict(),
+            "skipped": vset.images.skipped.to_dict()}
+
+
 def _not_run(runner: Runner, wrong: dict[Path, FileCheck]) -> BackendResult | None:
     """The row of a runner whose file did not verify: not run (the artifact's failure is in the report)."""
     path = getattr(runner, "path", None) or getattr(runner, "plan_path", None)
@@ -253,21 +283,20 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
     batches = opts.batches or ((1, 8, 32) if gpu else (1, 8))
     if any(b < 1 for b in batches):
         raise VitexportError("Batch sizes must be at least 1.")
-    check_batches(manifest.config, batches, f"{manifest.variant} at {manifest.img_size[0]}x{manifest.img_size[1]}")
+    sizes = bench_sizes(manifest, opts.img_sizes)
+    largest = max((s for s in sizes if s is not None), default=manifest.img_size, key=lambda s: s[0] * s[1])
+    check_batches({**manifest.config, "img_size": list(largest)}, batches,
+                  f"{manifest.variant} at {largest[0]}x{largest[1]}")
     with reading(folder, log) as debris:  # no other run writes the folder from the check to the last row
         manifest = folder.read_manifest()  # as it is now that no writer holds the folder
         checks = [c for c in check_folder(folder, manifest) if c.status != MISSING]
         if dead := [d for d in debris if not d.alive]:
             log.warn(f"{folder.path} holds {len(dead)} leftover(s) of an interrupted run; `vitexport info --clean "
                      f"{folder.path}` removes them.")
-        vset = _open_inputs(manifest, opts, log)
-        try:
-            return _bench(folder, manifest, vset, checks, threads, gpu, batches, opts, t_start, log)
-        finally:
-            vset.close()
+        return _bench(folder, manifest, sizes, checks, threads, gpu, batches, opts, t_start, log)
 
 
-def _bench(folder: ModelFolder, manifest: Manifest, vset: ValidationSet, checks: list[FileCheck], threads: int,
+def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[FileCheck], threads: int,
            gpu: bool, batches: tuple[int, ...], opts: BenchOptions, t_start: float, log: Log) -> BenchReport:
     try:
         model = model_from_manifest(manifest)
@@ -278,9 +307,22 @@ def _bench(folder: ModelFolder, manifest: Manifest, vset: ValidationSet, checks:
     if opts.backends:
         runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends)
                    or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu")]
-    ref = _Reference()
     wrong = {c.path: c for c in checks if c.problem}
-    results = [_not_run(r, wrong) or _run_backend(r, vset, batches, opts, ref, log) for r in runners]
+    results: list[BackendResult] = []
+    data, reference = {}, []
+    for size in sizes:  # one pass over the data per size, each against the PyTorch reference at that size
+        vset = _open_inputs(manifest, opts, log, size)
+        try:
+            ref = _Reference()
+            at = [_not_run(r, wrong) or _run_backend(r, vset, batches, opts, ref, log) for r in runners]
+            if size is not None:
+                for res in at:
+                    res.name, res.img_size = f"{res.name} @ {size[0]}x{size[1]}", tuple(size)
+            results += at
+            reference.append(ref.name)
+            data = data or _data(vset)
+        finally:
+            vset.close()
     return BenchReport(
         vitexport_version=__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -291,13 +333,11 @@ def _bench(folder: ModelFolder, manifest: Manifest, vset: ValidationSet, checks:
                "random_weights": manifest.checkpoint is None},
         artifacts=[{"file": display_path(c.path), "kind": c.kind, "bytes": c.path.stat().st_size, "sha256": c.sha256,
                     "status": c.status, "reason": c.reason, "remedy": c.remedy} for c in checks],
-        data={"source": display_path(vset.source), "n": vset.images.total, "n_parity": len(vset),
-              "subset": len(vset.images) < vset.images.total, "labelled": vset.labels is not None,
-              "classes": vset.images.classes, "decode": vset.inputs.decode.to_dict(),
-              "skipped": vset.images.skipped.to_dict()},
-        reference=ref.name,
+        data=data,
+        reference=reference[0] if len(set(reference)) == 1 else ", ".join(reference),
         thresholds={p: (opts.thresholds.get(p) or th).to_dict() for p, th in DEFAULT_THRESHOLDS.items()},
         options={"batches": list(batches), "iterations": opts.iterations, "min_time": opts.min_time,
+                 **({} if sizes == [None] else {"img_sizes": [list(s) for s in sizes]}),
                  "warmup": opts.warmup, "threads": threads, "strict": opts.strict, "max_images": opts.max_images},
         results=results,
         wall_s=time.perf_counter() - t_start,

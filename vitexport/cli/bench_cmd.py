@@ -132,7 +132,8 @@ def bench_command(target, spec, opts, no_prepare, files, log):
     from ..bench.report import print_table, skipped_count, write_outputs
     from ..bench.run import BenchOptions, prepare_bench, run_bench
 
-    opts = BenchOptions(**opts)
+    sizes = spec.bench_sizes if target is not None or len(spec.bench_sizes) > 1 else ()
+    opts = BenchOptions(**opts, img_sizes=sizes or None)
     folder = prepare_bench(target, spec, prepare=not no_prepare, log=log)
     report = run_bench(folder, opts, log)
     print_table(report)

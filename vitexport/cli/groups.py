@@ -175,8 +175,9 @@ MODEL = OptionGroup(
              help="timm .pth/.safetensors, Hugging Face file or folder, JAX .npz, or hf-hub:ORG/NAME[@REVISION] "
                   "(a timm or transformers repository, through the Hugging Face cache; HF_HUB_OFFLINE=1 works "
                   "from the cache). Default: random weights (the digits model uses its shipped checkpoint)."),
-        opt("--img-size", type=ImgSize(), default=None, metavar="N|HxW",
-             help="Input size; the position embedding is resized to the new grid. Default: the variant's."),
+        opt("--img-size", "img_sizes", type=ImgSize(), multiple=True, metavar="N|HxW",
+             help="Input size; the position embedding is resized to the new grid. Default: the variant's. With "
+                  "--dynamic-img-size: the default size; `bench` takes it more than once and times each size."),
         opt("--num-classes", type=click.IntRange(min=0), default=None,
              help="Classes of the head (0: features). Default: the checkpoint's, else the variant's."),
         opt("--pos-embed-interp", type=click.Choice(list(INTERPOLATIONS)), default=DEFAULT_INTERPOLATION,
@@ -189,17 +190,23 @@ MODEL = OptionGroup(
              help="With --dynamic-img-size: the smallest and largest sizes (N or HxW each). Default: half to twice "
                   "--img-size."),
     ],
-    lambda variant, checkpoint, img_size, num_classes, pos_embed_interp, dynamic_img_size, img_size_range: _spec(
-        variant, checkpoint, img_size, num_classes, pos_embed_interp, dynamic_img_size, img_size_range),
+    lambda variant, checkpoint, img_sizes, num_classes, pos_embed_interp, dynamic_img_size, img_size_range: _spec(
+        variant, checkpoint, img_sizes, num_classes, pos_embed_interp, dynamic_img_size, img_size_range),
 )
 
 
-def _spec(variant, checkpoint, img_size, num_classes, pos_embed_interp, dynamic_img_size, img_size_range):
+def _spec(variant, checkpoint, img_sizes, num_classes, pos_embed_interp, dynamic_img_size, img_size_range):
     if img_size_range is not None and not dynamic_img_size:
         raise UserError("--img-size-range needs --dynamic-img-size.")
-    return user_spec(variant, checkpoint, img_size=img_size, num_classes=num_classes,
+    spec = user_spec(variant, checkpoint, img_size=img_sizes[0] if img_sizes else None, num_classes=num_classes,
                      pos_embed_interp=pos_embed_interp, dynamic_img_size=dynamic_img_size,
                      img_size_range=img_size_range)
+    ctx = click.get_current_context(silent=True)
+    if len(img_sizes) > 1 and (ctx is None or ctx.info_name != "bench"):
+        raise UserError("--img-size is given once here; `vitexport bench` takes it more than once, to time a "
+                        "dynamic-size export (--dynamic-img-size) at each size.")
+    spec.bench_sizes = tuple(img_sizes)
+    return spec
 
 CALIB = OptionGroup(
     "calib",

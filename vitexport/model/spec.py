@@ -36,6 +36,7 @@ class ModelSpec:
     overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields the checkpoint's config sets
     dynamic_img_size: bool = False  # an export that takes any image size in img_size_range (img_size: the default)
     img_size_range: "SizeRange | None" = None  # ((min H, min W), (max H, max W)); None: default_range()
+    bench_sizes: tuple[tuple[int, int], ...] = ()  # `bench --img-size A --img-size B`: the sizes to time
 
     def resolved_checkpoint(self) -> Path | None:
         """The weights file or folder to read: a hub reference is fetched through the Hugging Face cache."""
