@@ -227,6 +227,11 @@ def test_the_tactic_is_read_from_any_of_its_three_keys_and_kept():
     ({"TacticName": "copy_kernel"}, "other", ""),
     ({"LayerType": "Reformat", "TacticName": "gemm_like_reformat"}, "other", "Reformat"),
     ({"LayerType": "CaskGemmMatrixMultiply", "ParameterType": "MatrixMultiply"}, "gemm", "CaskGemmMatrixMultiply"),
+    # a GEMM fused with its epilogue by Myelin (NVIDIA/TensorRT#4397), by its tactic or by its name
+    ({"Name": "__myl_Fc_myl0_69", "LayerType": "fusion",
+      "TacticName": "sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize128x128x32_by_fusion_tactic"}, "gemm", "fusion"),
+    ({"Name": "__myl_Fc_myl0_70", "LayerType": "fusion", "TacticName": "0x1f2e"}, "gemm", "fusion"),
+    ({"Name": "__myl_AddMulGelu_myl0_71", "LayerType": "fusion", "TacticName": "0x1f2f"}, "other", "fusion"),
 ])
 def test_what_kind_of_layer_it_is(layer, kind, layer_type):
     fact = _fact(**{"Name": "layer", **layer})
@@ -262,3 +267,16 @@ def test_an_fp32_attention_layer_is_a_problem_and_a_missing_tactic_is_shown_as_s
                                        {"Name": "attn", "LayerType": "mha", "Inputs": [_operand([8, 12, 197, 64],
                                                                                                "Float")]}])
     assert precision_problems(engine, "int8") == ["attention 'attn' runs in fp32 (inputs ['fp32'], tactic ?)"]
+
+
+def test_a_fused_gemm_that_fell_back_to_fp16_is_counted_as_an_fp16_gemm():
+    """fc1 + GELU fused into a Myelin `fusion` layer that runs FP16 while the other GEMMs are INT8: the check that
+    counted only `gemm` layers did not see it at all."""
+    fused = {"Name": "__myl_Fc_myl0_69", "LayerType": "fusion", "Metadata": "[ONNX Layer: /blocks.0/mlp/fc1/MatMul]",
+             "Inputs": [_t("a", [8, 197, 768], "Half"), _t("w", [768, 3072], "Half")],
+             "Outputs": [_t("o", [8, 197, 3072], "Half")],
+             "TacticName": "sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize128x128x32_by_fusion_tactic"}
+    engine = parse_engine_information({"Layers": [_gemm_10x("qkv_myl0_1", "Int8"), fused], "Bindings": []})
+    assert [(f.kind, f.precision) for f in engine.layers] == [("gemm", "int8"), ("gemm", "fp16")]
+    assert engine.summary()["gemm"] == {"int8": 1, "fp16": 1}
+

@@ -50,7 +50,9 @@ class RecordingStream:
         self.calls.append("sync")
 
     def timed(self, enqueue):
+        context = fake_tensorrt.created["contexts"][-1]
         self.calls.append("start-event")
+        self.bound_at_start = (context.input_shape, dict(context.addresses))  # what was set before the event
         enqueue()
         self.calls.append("end-event")
         return 1.25
@@ -86,7 +88,9 @@ def test_tensorrt_runner_works_on_its_own_stream(tmp_path, monkeypatch):
         assert context.enqueued_on == [RecordingStream.handle]
         staged = runner.stage(np.ones((4, 3, 32, 32), np.float32))
         assert runner.timed_run(staged) == 1.25  # the stream's event timing, not the wall clock
-        assert stream.calls[-4:] == ["upload", "start-event", "empty", "end-event"]
+        assert stream.calls[-4:] == ["upload", "empty", "start-event", "end-event"]
+        shape, addresses = stream.bound_at_start  # the events time the inference, not the host-side setup
+        assert shape == (4, 3, 32, 32) and addresses["pixel_values"] == staged.data_ptr()
         assert context.enqueued_on == [RecordingStream.handle] * 2
         assert runner.info["timer"] == "CUDA events on the runner's stream"
         assert runner.info["layer_precisions"] == {"layout": "10.x", "layers": 3, "gemm": {"int8": 2, "fp16": 1},
@@ -186,10 +190,13 @@ def test_a_plan_tensorrt_cannot_deserialize_is_one_sentence(tmp_path, monkeypatc
 @pytest.mark.parametrize("tensors,sentence", [
     ({"pixel_values": (1, 0), "mask": (1, 0), "logits": (2, 0)},
      "model.int8.plan has inputs ['pixel_values', 'mask'] and outputs ['logits']; a ViT engine has one image input "
-     "and a logits output."),
+     "and one logits output."),
     ({"pixel_values": (1, 0)},
-     "model.int8.plan has inputs ['pixel_values'] and outputs []; a ViT engine has one image input and a logits "
+     "model.int8.plan has inputs ['pixel_values'] and outputs []; a ViT engine has one image input and one logits "
      "output."),
+    ({"pixel_values": (1, 0), "logits": (2, 0), "features": (2, 0)},  # would load, then fail to run: no address
+     "model.int8.plan has inputs ['pixel_values'] and outputs ['logits', 'features']; a ViT engine has one image "
+     "input and one logits output."),
     ({"pixel_values": (1, 1), "logits": (2, 6)},
      "model.int8.plan has I/O types DataType.HALF / DataType.FP8, which this runner cannot bind."),
     ({"pixel_values": (1, 4), "logits": (2, 1)},

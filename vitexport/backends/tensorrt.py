@@ -51,6 +51,7 @@ class TensorRTRunner(Runner):
         self._in_dtype: Any = None
         self._out_dtype: Any = None
         self._out_buffers: dict[tuple[int, ...], Any] = {}
+        self._bound_batch = 0  # the batch _bind() set up last (for _execute's message)
         self._stream: Any = None  # a CudaStream, made by load()
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -116,9 +117,9 @@ class TensorRTRunner(Runner):
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        if len(inputs) != 1 or not outputs:
+        if len(inputs) != 1 or len(outputs) != 1:  # every output needs an address to run: refused here, not later
             raise BackendUnavailable(f"{self.plan_path.name} has inputs {inputs} and outputs {outputs}; "
-                                     f"a ViT engine has one image input and a logits output.")
+                                     f"a ViT engine has one image input and one logits output.")
         self._input, self._output = inputs[0], outputs[0]
         mn, _opt, mx = engine.get_tensor_profile_shape(self._input, 0)
         self._batch_range = (int(mn[0]), int(mx[0]))
@@ -174,8 +175,9 @@ class TensorRTRunner(Runner):
             raise BackendUnavailable(f"{self.name} is not loaded.")
         return self._stream
 
-    def _enqueue(self, staged: Any) -> Any:
-        """Queue one inference on the runner's stream; the output buffer (reused per shape) is complete after a sync."""
+    def _bind(self, staged: Any) -> Any:
+        """Set the input shape and both addresses for one inference of `staged`; its output buffer (one per shape,
+        reused). Host-side calls only: nothing is queued on the stream."""
         stream, context = self._live_stream(), self._context
         assert context is not None
         shape = tuple(int(d) for d in staged.shape)
@@ -189,18 +191,27 @@ class TensorRTRunner(Runner):
             out = self._out_buffers[out_shape] = stream.empty(out_shape, self._out_dtype)
         context.set_tensor_address(self._input, int(staged.data_ptr()))
         context.set_tensor_address(self._output, int(out.data_ptr()))
-        if not context.execute_async_v3(stream.handle):
-            raise VitexportError(f"TensorRT failed to run {self.plan_path.name} at batch {shape[0]}.")
+        self._bound_batch = shape[0]
         return out
 
+    def _execute(self) -> None:
+        """Queue the bound inference on the runner's stream."""
+        stream, context = self._live_stream(), self._context
+        assert context is not None
+        if not context.execute_async_v3(stream.handle):
+            raise VitexportError(f"TensorRT failed to run {self.plan_path.name} at batch {self._bound_batch}.")
+
     def run(self, staged: Any) -> Any:
-        out = self._enqueue(staged)
+        out = self._bind(staged)
+        self._execute()
         self._live_stream().synchronize()
         return out  # a buffer reused by the next run() of this shape: fetch() copies it out
 
     def timed_run(self, staged: Any) -> float:
-        """Milliseconds between CUDA events recorded on the runner's stream before and after one inference is queued."""
-        return self._live_stream().timed(lambda: self._enqueue(staged))
+        """Milliseconds between CUDA events recorded on the runner's stream around the queued inference alone: the
+        shape and addresses are set before the start event."""
+        self._bind(staged)
+        return self._live_stream().timed(self._execute)
 
     def fetch(self, out: Any) -> np.ndarray:
         return self._live_stream().download(out)

@@ -43,6 +43,8 @@ _TACTIC_HINTS = (("int8", re.compile(r"i8i8|int8|imma", re.I)), ("fp8", re.compi
                  ("fp32", re.compile(r"tf32|f32f32|sgemm|fp32", re.I)))
 _GEMM_WORDS = ("gemm", "matrixmultiply", "matmul", "convolution", "conv", "fullyconnected")
 _ATTENTION_WORDS = ("mha", "attention")
+_FUSED_GEMM = re.compile(r"gemm", re.I)
+_FUSED_GEMM_NAME = re.compile(r"^__myl_(Fc|MatMul|Gemm)", re.I)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,10 @@ def _kind(layer: dict[str, Any], name: str, tactic: str) -> str:
     if any(w in words for w in _ATTENTION_WORDS) or re.search(r"fmha|_mha", tactic, re.I):
         return "attention"
     if any(w in words for w in _GEMM_WORDS) or (not words.strip() and "gemm" in tactic.lower()):
+        return "gemm"
+    # Myelin fuses a GEMM with its epilogue (bias, GELU) into one `fusion` layer: its tactic or name says GEMM
+    # (NVIDIA/TensorRT#4397: __myl_Fc_myl0_69, sm80_xmma_gemm_f16f16_..._by_fusion_tactic)
+    if "fusion" in words and (_FUSED_GEMM.search(tactic) or _FUSED_GEMM_NAME.search(name)):
         return "gemm"
     return "other"
 
