@@ -294,3 +294,10 @@ def test_predict_and_triton_take_a_dynamic_export(bicubic_export, tmp_path):
     config = next((tmp_path / "repo").glob("*/config.pbtxt"))
     cfg = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
     assert list(cfg.input[0].dims) == [3, -1, -1] and list(cfg.output[0].dims) == [10]
+
+
+def test_info_shows_the_range_and_each_checked_size(bicubic_export):
+    r = CliRunner().invoke(cli, ["info", str(bicubic_export)])
+    assert r.exit_code == 0, r.output
+    assert "32x32 (default; any size from 16x16 to 64x48, position embedding resampled with bicubic)" in r.output
+    assert "1 at 64x48 (passed)" in r.output and "3 at 16x48 (passed)" in r.output

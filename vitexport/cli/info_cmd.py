@@ -15,10 +15,14 @@ def _describe(status) -> list[str]:
     m = status.manifest
     ck = "random weights" if m.checkpoint is None else f"{m.checkpoint.path} (sha256 {m.checkpoint.sha256[:12]})"
     parity = "" if m.parity is None else ", checked at batch " + ", ".join(
-        f"{c.batch} ({'passed' if c.passed else 'FAILED'})" for c in m.parity.checks)
+        f"{c.batch}{'' if c.img_size is None else f' at {c.img_size[0]}x{c.img_size[1]}'} "
+        f"({'passed' if c.passed else 'FAILED'})" for c in m.parity.checks)
+    sizes = "" if m.img_size_range is None else \
+        f" (default; any size from {m.img_size_range[0][0]}x{m.img_size_range[0][1]} to " \
+        f"{m.img_size_range[1][0]}x{m.img_size_range[1][1]}, position embedding resampled with {m.pos_embed_interp})"
     versions = ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)
     lines = [f"{status.folder.path}",
-             f"  model     {m.variant} {m.img_size[0]}x{m.img_size[1]}, {m.num_classes or 'no'} classes, {ck}",
+             f"  model     {m.variant} {m.img_size[0]}x{m.img_size[1]}{sizes}, {m.num_classes or 'no'} classes, {ck}",
              f"  export    opset {m.opset}{parity}; {versions}",
              f"  manifest  {m.format}",
              "  files"]
