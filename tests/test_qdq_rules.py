@@ -179,6 +179,8 @@ def test_q_and_dq_sit_on_gemm_inputs_only_one_pair_per_tensor():
     assert list(nodes["attn"].input) == ["h_act_dq", "ht_act_dq"]
     assert list(nodes["head"].input) == ["pooled_act_dq", "w2_int8_dq"]
     assert list(nodes["const_mm"].input) == ["g_act_dq", "c"]  # a Constant node's output is not requantized
+    assert nodes["x_act/Q"].op_type == "QuantizeLinear" and nodes["x_act/DQ"].op_type == "DequantizeLinear"
+    assert list(nodes["x_act/Q"].output) == ["x_act_q"] and list(nodes["x_act/DQ"].input)[0] == "x_act_q"
     assert [a.i for a in nodes["w2_int8/DQ"].attribute if a.name == "axis"] == [0]  # transB: rows are channels
     assert [a.i for a in nodes["w1_int8/DQ"].attribute if a.name == "axis"] == [1]
     assert float(inits["g_act_scale"]) == pytest.approx(3.0 / INT8_MAX)
@@ -246,6 +248,8 @@ def test_each_invariant_counts_what_breaks_it():
     a Cast after a DQ, a DQ that also feeds a non-GEMM, FP32 and FP16 scales."""
     z8, nz8 = np.zeros((), np.int8), np.ones((), np.int8)
     nodes = [
+        helper.make_node("DequantizeLinear", ["w8", "s32"], ["wd"], name="dq_no_zero_point"),  # zero point optional
+        helper.make_node("MatMul", ["x", "wd"], ["m2"], name="mm2"),
         helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
         helper.make_node("QuantizeLinear", ["m", "s32", "z"], ["mq"], name="q_out"),  # on a GEMM's output
         helper.make_node("DequantizeLinear", ["mq", "s32", "nz"], ["y"], name="dq_out"),  # graph output; zp 1
@@ -254,10 +258,44 @@ def test_each_invariant_counts_what_breaks_it():
         helper.make_node("Cast", ["xd"], ["xc"], name="cast", to=TensorProto.FLOAT),  # after a DQ
         helper.make_node("Relu", ["xd"], ["r"], name="relu"),  # a DQ feeding a non-GEMM
     ]
-    model = _model(nodes, [_vi("x", ["n", 4])], [_vi("y", ["n", 4]), _vi("xc", ["n", 4]), _vi("r", ["n", 4])],
+    model = _model(nodes, [_vi("x", ["n", 4])], [_vi("y", ["n", 4]), _vi("xc", ["n", 4]), _vi("r", ["n", 4]),
+                                                 _vi("m2", ["n", 4])],
                    {"w": np.eye(4, dtype=np.float32), "s32": np.float32(0.1), "s16": np.float16(0.1), "z": z8,
-                    "nz": nz8}, [_vi("m", ["n", 4]), _vi("xd", ["n", 4], TensorProto.FLOAT16)], opset=19)
+                    "nz": nz8, "w8": np.eye(4, dtype=np.int8)},
+                   [_vi("m", ["n", 4]), _vi("wd", [4, 4]), _vi("xd", ["n", 4], TensorProto.FLOAT16)], opset=19)
     inv = trt_int8_invariants(model)
-    assert inv == {"qdq_nodes": 4, "q_on_gemm_output": 1, "outputs_from_dq": 1, "scale_types": ["FLOAT", "FLOAT16"],
-                   "nonzero_zero_points": 1, "dq_feeding_only_gemms": 0, "dq_nodes": 2, "casts_after_dq": 1,
-                   "float_tensors": {"FLOAT": 3, "FLOAT16": 2}}
+    assert inv == {"qdq_nodes": 5, "q_on_gemm_output": 1, "outputs_from_dq": 1, "scale_types": ["FLOAT", "FLOAT16"],
+                   "nonzero_zero_points": 1, "dq_feeding_only_gemms": 1, "dq_nodes": 3, "casts_after_dq": 1,
+                   "float_tensors": {"FLOAT": 4, "FLOAT16": 2}}
+
+
+def test_a_bias_stays_float_and_skipping_matrix_vector_products_goes_on_past_them():
+    rng = np.random.default_rng(12)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="head_first", transB=1),  # (n, K): skipped
+             helper.make_node("Unsqueeze", ["h", "ax"], ["h3"], name="u"),
+             helper.make_node("MatMul", ["h3", "w3"], ["y"], name="after")]  # (n, 1, K): quantized
+    model = _model(nodes, [_vi("x", ["n", 6])], [_vi("y", ["n", 1, 5])],
+                   {"w": rng.standard_normal((6, 6)).astype(np.float32), "b": np.ones(6, np.float32),
+                    "ax": np.array([1], np.int64), "w3": rng.standard_normal((6, 5)).astype(np.float32)},
+                   [_vi("h", ["n", 6]), _vi("h3", ["n", 1, 6])])
+    assert select_gemms(model.graph, set(), skip_matrix_vector=True).nodes == ["after"]
+    sel = select_gemms(model.graph, set())
+    q = insert_qdq(model, _copy(model), sel, {"x": 1.0, "h3": 1.0}, np.float32)
+    gemm = next(n for n in q.graph.node if n.name == "head_first")
+    assert list(gemm.input) == ["x_act_dq", "w_int8_dq", "b"]  # the bias is added in float, never quantized
+    onnx.checker.check_model(q, full_check=True)
+
+
+def test_a_graph_the_converter_cannot_raise_to_opset_19_is_one_sentence(monkeypatch):
+    from onnx import version_converter
+
+    def fails(model, version):
+        raise RuntimeError("No Adapter For Foo\nmore lines")
+
+    monkeypatch.setattr(version_converter, "convert_version", fails)
+    model = _mixed()
+    with pytest.raises(VitexportError) as e:
+        insert_qdq(model, _copy(model), select_gemms(model.graph, set()), {"x": 1.0, "pooled": 1.0, "g": 1.0})
+    assert str(e.value) == ("The graph's opset 17 could not be converted to opset 19, which FP16 Q/DQ scales need "
+                            "(No Adapter For Foo); export it again with --opset 19.")
+

@@ -222,9 +222,9 @@ def _converted(model, version: int):
     try:
         return version_converter.convert_version(model, version)
     except Exception as e:  # the converter raises RuntimeError/ValueError/its own errors
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise VitexportError(f"The graph's opset {_opset(model)} could not be converted to opset {version}, which "
-                             f"FP16 Q/DQ scales need ({str(e).strip().splitlines()[0] if str(e).strip() else e!r}); "
-                             f"export it again with --opset {version}.") from None
+                             f"FP16 Q/DQ scales need ({why}); export it again with --opset {version}.") from None
 
 
 def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]):
