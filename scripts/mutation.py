@@ -65,6 +65,8 @@ EQUIVALENT: dict[str, str] = {
     _F + "x_vit_memory__mutmut_43": "a missing num_classes gives None or 0: both are 0 classes",
     _F + "x_check_op_types__mutmut_6": "onnx.load tests load_external_data for truth: None is False",
     _F + "x_check_op_types__mutmut_18": "3 is difflib.get_close_matches' default n",
+    _F + "x_spec_config__mutmut_26": "a ModelSpec always has overrides: the default is never taken",
+    _F + "x_spec_config__mutmut_29": "a ModelSpec always has overrides: the default is never taken",
     _H + "__init____mutmut_2": "the width is set by the first non-empty batch before anything reads it",
     _H + "__init____mutmut_3": "the width is set by the first non-empty batch before anything reads it",
     _H + "update__mutmut_4": "activations come from ONNX Runtime as float32 already",

@@ -222,3 +222,23 @@ def test_op_types_are_read_without_the_graphs_external_data(tmp_path):
     preflight.check_op_types(("Add", "Softmax"), path, log=log)
     assert log.warnings == ["--keep-fp32 Softmax: the graph has no Softmax node, so it changes nothing."]
 
+
+
+def test_a_dynamic_size_export_is_checked_at_the_largest_size_of_its_range(monkeypatch):
+    spec = ModelSpec("vit_tiny_patch16_224", img_size=(64, 48), dynamic_img_size=True,
+                     img_size_range=((32, 32), (96, 128)))
+    config = {**preflight.spec_config(spec), "img_size": (96, 128)}
+    weights, per_image, tokens = preflight.vit_memory(config)
+    assert tokens == 6 * 8 + 1
+    base = preflight.WEIGHT_COPIES * weights
+    monkeypatch.setattr(preflight, "mem_available", lambda: base + 3 * per_image)
+    preflight.check_export(spec, (3,))  # fits exactly at the largest size
+    with pytest.raises(VitexportError) as e:
+        preflight.check_export(spec, (4,))
+    assert str(e.value).startswith("--img-size-range up to 96x128 needs about")
+    assert "for vit_tiny_patch16_224 at 96x128 (49 tokens" in str(e.value)
+    default = ModelSpec("vit_tiny_patch16_224", dynamic_img_size=True)  # its range: 112x112 to 448x448
+    weights, per_image, _ = preflight.vit_memory({**preflight.spec_config(default), "img_size": (448, 448)})
+    monkeypatch.setattr(preflight, "mem_available", lambda: preflight.WEIGHT_COPIES * weights + 2 * per_image - 1)
+    with pytest.raises(VitexportError, match=r"^--img-size-range up to 448x448 needs about .* \(785 tokens"):
+        preflight.check_export(default, (1,))
