@@ -51,9 +51,10 @@ _C, _H = "vitexport.precision.calibrate.", "vitexport.precision.calibrate.xǁAbs
 _RESHAPE = "numpy reads any negative size in reshape as 'the rest'"
 _KL = "vitexport.precision.calibrate.x__kl_threshold__mutmut_"
 _R = "vitexport.backends.tensorrt.xǁTensorRTRunnerǁ"
-_UNREAD = "a placeholder until load() sets it: stage(), run() and engine_layers() refuse an unloaded runner first"
+_UNREAD = ("a placeholder until load() (or _bind()) sets it: stage(), run() and engine_layers() refuse an unloaded "
+           "runner first")
 EQUIVALENT: dict[str, str] = {
-    **{f"{_R}__init____mutmut_{i}": _UNREAD for i in (12, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24)},
+    **{f"{_R}__init____mutmut_{i}": _UNREAD for i in (12, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28)},
     _R + "_check_plan__mutmut_47": "read_sidecar refuses a sidecar without 'precision': the default is never taken",
     _R + "_check_plan__mutmut_49": "read_sidecar refuses a sidecar without 'precision': the default is never taken",
     _R + "_source_onnx__mutmut_9":

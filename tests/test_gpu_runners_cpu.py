@@ -137,6 +137,15 @@ def test_what_a_loaded_runner_reports(tmp_path, monkeypatch):
     assert {k: info[k] for k in expected} == expected
 
 
+def test_a_dynamic_size_engine_reports_its_image_range_and_a_fixed_one_does_not(tmp_path, monkeypatch):
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    with runner:
+        assert "image_range" not in runner.info
+    fake_tensorrt.ENGINE_PROFILE = ((1, 3, 16, 24), (4, 3, 32, 32), (8, 3, 64, 48))
+    with runner:
+        assert runner.info["image_range"] == [[16, 24], [64, 48]]
+
+
 def test_the_precision_comes_from_the_sidecar_when_the_plan_name_does_not_say(tmp_path, monkeypatch):
     runner, _ = _loaded_runner(tmp_path, monkeypatch)
     plain = tmp_path / "engine.plan"
