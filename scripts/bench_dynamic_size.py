@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -21,16 +20,6 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> None:
@@ -44,6 +33,7 @@ def main() -> None:
     import onnx
     import onnxruntime as ort
 
+    from vitexport.environment import cpu_model
     from vitexport.export.run import run_export
     from vitexport.model.spec import ModelSpec
 
@@ -62,7 +52,7 @@ def main() -> None:
         so = ort.SessionOptions()
         so.intra_op_num_threads = os.cpu_count() or 1
         sessions = {n: ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"]) for n, p in paths.items()}
-        print(f"ONNX Runtime {ort.__version__}, {os.cpu_count()} threads, {cpu_name()}, {args.variant} at "
+        print(f"ONNX Runtime {ort.__version__}, {os.cpu_count()} threads, {cpu_model()}, {args.variant} at "
               f"{size[0]}x{size[1]}")
         print("| batch | fixed ms (median) | dynamic ms (median) | dynamic / fixed |")
         print("| ---: | ---: | ---: | ---: |")
