@@ -280,3 +280,67 @@ def test_a_fused_gemm_that_fell_back_to_fp16_is_counted_as_an_fp16_gemm():
     assert [(f.kind, f.precision) for f in engine.layers] == [("gemm", "int8"), ("gemm", "fp16")]
     assert engine.summary()["gemm"] == {"int8": 1, "fp16": 1}
 
+
+
+# -- every quantized GEMM in INT8: the layers' Metadata maps them back to the ONNX nodes ---------------------------
+
+QUANTIZED = ["blocks.0.attn.qkv/MatMul", "blocks.0.attn.proj/MatMul", "blocks.0.mlp.fc1/MatMul",
+             "blocks.0.mlp.fc2/MatMul"]
+
+
+def _int8_engine(layout, fc1=("Int8", "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n")):
+    """A TensorRT dump of one block: qkv, proj and fc2 as INT8 GEMMs, fc1 fused with GELU (its type given)."""
+    def layer(name, node, dtype, tactic, layer_type="gemm"):
+        if layout == "11.x":
+            ins = [_t11("a", [8, 197, 768], dtype, "Row major linear format (kLINEAR)"),
+                   _t11("w", [768, 768], dtype, "Row major linear format (kLINEAR)")]
+        else:
+            ins = [_t("a", [8, 197, 768], dtype), _t("w", [768, 768], dtype)]
+        return {"Name": name, "LayerType": layer_type, "Inputs": ins, "Outputs": [], "TacticName": tactic,
+                "Metadata": f"[ONNX Layer: {node}]\x1f[ONNX Layer: {node.rsplit('/', 1)[0]}/Add]"}
+
+    layers = [layer("__myl_MatMul_myl0_1", QUANTIZED[0], "Int8", "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n"),
+              {"Name": "_gemm_mha_v2_myl0_2", "LayerType": "mha", "Inputs": [], "Outputs": [], "TacticName":
+               "fmha_v2_fp16", "Metadata": "[ONNX Layer: blocks.0.attn/MatMul]\x1f[ONNX Layer: blocks.0.attn/Softmax]"},
+              layer("__myl_MatMul_myl0_3", QUANTIZED[1], "Int8", "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n"),
+              layer("__myl_Fc_myl0_4", QUANTIZED[2], fc1[0], fc1[1], layer_type="fusion"),
+              layer("__myl_MatMul_myl0_5", QUANTIZED[3], "Int8", "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n")]
+    key = "I/O Tensors" if layout == "11.x" else "Bindings"
+    return parse_engine_information(json.dumps({"Layers": layers, key: []}))  # \x1f: TensorRT's separator
+
+
+@pytest.mark.parametrize("layout", ["10.x", "11.x"])
+def test_every_quantized_gemm_in_int8_passes(layout):
+    from vitexport.tensorrt_engine.engine_info import selection_problems
+
+    engine = _int8_engine(layout)
+    assert engine.layout == layout and engine.layers[0].onnx_nodes == (QUANTIZED[0], "blocks.0.attn.qkv/Add")
+    assert selection_problems(engine, QUANTIZED, "int8") == []
+
+
+@pytest.mark.parametrize("layout", ["10.x", "11.x"])
+def test_one_quantized_gemm_left_in_fp16_fails_although_most_are_int8(layout):
+    from vitexport.tensorrt_engine.engine_info import selection_problems
+
+    engine = _int8_engine(layout, fc1=("Half", "sm90_xmma_gemm_f16f16_f16f32_f32_nn_n_by_fusion_tactic"))
+    assert precision_problems(engine, "int8") == []  # the engine-wide check sees INT8 GEMMs and no FP32 one
+    assert selection_problems(engine, QUANTIZED, "int8") == [
+        "quantized GEMM 'blocks.0.mlp.fc1/MatMul' runs in fp16 in '__myl_Fc_myl0_4' "
+        "(tactic sm90_xmma_gemm_f16f16_f16f32_f32_nn_n_by_fusion_tactic)"]
+
+
+def test_a_quantized_gemm_missing_or_fused_into_a_non_gemm_is_named():
+    from vitexport.tensorrt_engine.engine_info import selection_problems
+
+    engine = _int8_engine("10.x")
+    assert selection_problems(engine, [*QUANTIZED, "head/Gemm"], "int8") == [
+        "quantized GEMM 'head/Gemm' is in no layer's metadata"]
+    pointwise = parse_engine_information([{"Name": "__myl_AddMul_myl0_9", "LayerType": "kgen",
+                                           "Metadata": "[ONNX Layer: head/Gemm]"}])
+    assert selection_problems(pointwise, ["head/Gemm"], "int8") == [
+        "quantized GEMM 'head/Gemm' runs in other layer '__myl_AddMul_myl0_9' (kgen), not in a GEMM"]
+    bare = parse_engine_information([{"Name": "fc", "LayerType": "gemm"}])
+    assert selection_problems(bare, QUANTIZED, "int8") == [
+        "no layer names its ONNX nodes (Metadata), so the 4 quantized GEMMs cannot be found; the plan must be built "
+        "with ProfilingVerbosity.DETAILED"]
+    assert selection_problems(bare, [], "int8") == []

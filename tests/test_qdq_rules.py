@@ -23,6 +23,7 @@ from vitexport.precision.qdq import (
     insert_qdq,
     is_matrix_vector,
     quantize_weight,
+    quantized_gemms,
     select_gemms,
     trt_int8_invariants,
     write_trt_int8,
@@ -191,6 +192,7 @@ def test_q_and_dq_sit_on_gemm_inputs_only_one_pair_per_tensor():
     # h and g come straight out of a GEMM into the next one here (no Reshape/Add between, unlike a ViT's)
     assert (inv["q_on_gemm_output"], inv["outputs_from_dq"], inv["nonzero_zero_points"]) == (2, 0, 0)
     assert inv["qdq_nodes"] == 5 * 2 + 2 and inv["dq_nodes"] == 7 and inv["dq_feeding_only_gemms"] == 7
+    assert quantized_gemms(q) == ["fc", "attn", "head", "const_mm"] and quantized_gemms(model) == []
     with pytest.raises(VitexportError) as e:
         insert_qdq(model, _copy(model), sel, {k: v for k, v in amax.items() if k != "pooled"}, np.float32)
     assert str(e.value) == "No calibrated range for 'pooled' (input of head)."

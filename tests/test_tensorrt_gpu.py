@@ -113,12 +113,18 @@ def test_engine_matches_onnxruntime_at_three_batches(built, inputs, reference, p
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_the_engine_computes_its_gemms_in_its_precision(built, precision):
     """INT8 GEMMs in the INT8 engine, FP16 GEMMs in the FP16 engine, no FP32 GEMM (or attention) in either."""
-    from vitexport.backends.tensorrt import TensorRTRunner
-    from vitexport.tensorrt_engine.engine_info import precision_problems
+    import onnx
 
-    with TensorRTRunner(built(precision).plan_path) as runner:
+    from vitexport.backends.tensorrt import TensorRTRunner
+    from vitexport.precision.qdq import quantized_gemms
+    from vitexport.tensorrt_engine.engine_info import precision_problems, selection_problems
+
+    res = built(precision)
+    with TensorRTRunner(res.plan_path) as runner:
         layers = runner.engine_layers()
     problems = precision_problems(layers, precision)
+    if precision == "int8":  # every GEMM the graph quantized, not just one of them
+        problems += selection_problems(layers, quantized_gemms(onnx.load(str(res.onnx_path))), "int8")
     assert not problems, (layers.summary(), problems)
 
 

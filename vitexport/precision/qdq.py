@@ -242,6 +242,12 @@ def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: d
 
 # -- invariants (what tests and `vitexport info` check) ------------------------------------------------------
 
+def quantized_gemms(model) -> list[str]:
+    """The names of the GEMM nodes of a Q/DQ graph that read a DequantizeLinear output (the INT8 ones), in order."""
+    dq = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return [n.name for n in model.graph.node if n.op_type in LINEAR_OPS and any(i in dq for i in n.input[:2])]
+
+
 def trt_int8_invariants(model) -> dict:
     """Facts about a Q/DQ graph that TensorRT's INT8 GEMM fusion depends on."""
     import onnx

@@ -44,6 +44,7 @@ _TACTIC_HINTS = (("int8", re.compile(r"i8i8|int8|imma", re.I)), ("fp8", re.compi
 _GEMM_WORDS = ("gemm", "matrixmultiply", "matmul", "convolution", "conv", "fullyconnected")
 _ATTENTION_WORDS = ("mha", "attention")
 _FUSED_GEMM = re.compile(r"gemm", re.I)
+_ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]]*)\]")  # TensorRT 10 joins several with \x1f
 _FUSED_GEMM_NAME = re.compile(r"^__myl_(Fc|MatMul|Gemm)", re.I)
 
 
@@ -56,6 +57,7 @@ class LayerFact:
     input_types: tuple[str, ...]
     output_types: tuple[str, ...]
     tactic: str
+    onnx_nodes: tuple[str, ...] = ()  # the ONNX nodes it computes, from its Metadata ("[ONNX Layer: name]", one each)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,8 @@ def layer_fact(layer: dict[str, Any]) -> LayerFact:
     if precision is None:
         precision = _narrowest(t for t in outs if t != "unknown")
     layer_type = str(layer.get("LayerType") or layer.get("ParameterType") or "")
-    return LayerFact(name, kind, precision or "unknown", layer_type, ins, outs, tactic)
+    nodes = tuple(n.strip() for n in _ONNX_LAYER.findall(str(layer.get("Metadata") or "")) if n.strip())
+    return LayerFact(name, kind, precision or "unknown", layer_type, ins, outs, tactic, nodes)
 
 
 def parse_engine_information(info: str | dict[str, Any] | list[Any]) -> EngineLayers:
@@ -191,3 +194,32 @@ def precision_problems(engine: EngineLayers, expected: str, forbidden: Sequence[
     if opaque:
         problems.append(f"{len(opaque)} layer(s) are opaque Myelin nodes, e.g. {opaque[0].name!r}")
     return problems
+
+
+def selection_problems(engine: EngineLayers, nodes: Sequence[str], expected: str) -> list[str]:
+    """Why the quantized GEMMs of the graph (`nodes`, its ONNX node names) did not all run in `expected`; empty when
+    each is computed by a GEMM or attention layer of that precision, found through the layers' Metadata.
+
+    A partial fallback (one quantized GEMM left in FP16) fails here, where "at least one INT8 GEMM" passes.
+    """
+    where: dict[str, list[LayerFact]] = {}
+    for f in engine.layers:
+        for n in f.onnx_nodes:
+            where.setdefault(n, []).append(f)
+    if nodes and not where:
+        return [f"no layer names its ONNX nodes (Metadata), so the {len(nodes)} quantized GEMMs cannot be found; "
+                f"the plan must be built with ProfilingVerbosity.DETAILED"]
+    problems = []
+    for n in nodes:
+        layers = [f for f in where.get(n, []) if f.kind in ("gemm", "attention")]
+        if not where.get(n):
+            problems.append(f"quantized GEMM {n!r} is in no layer's metadata")
+        elif not layers:
+            other = where[n][0]
+            problems.append(f"quantized GEMM {n!r} runs in {other.kind} layer {other.name!r} "
+                            f"({other.layer_type or '?'}), not in a GEMM")
+        elif not any(f.precision == expected for f in layers):
+            f = layers[0]
+            problems.append(f"quantized GEMM {n!r} runs in {f.precision} in {f.name!r} (tactic {f.tactic or '?'})")
+    return problems
+
