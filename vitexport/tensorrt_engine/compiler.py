@@ -53,13 +53,15 @@ def run_trt(model_dir: ModelFolder | Path, opts: BuildOptions, log: Log = QUIET,
     opts.validate()
     folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
     opts = with_image_range(folder, opts)
-    if folder.onnx().is_file():
-        refuse_antialias(folder.onnx())  # before minutes of calibration for a graph TensorRT cannot parse
+    checked = folder.onnx() if folder.onnx().is_file() else None
+    if checked is not None:
+        refuse_antialias(checked)  # before minutes of calibration for a graph TensorRT cannot parse
     onnx_path = Path(prepare_onnx(opts.precision)) if prepare_onnx is not None \
         else folder.plan_source(opts.precision)
     if not onnx_path.is_file():
         raise VitexportError(f"{onnx_path} does not exist; make it with {_how_to_make(opts.precision)} first.")
-    refuse_antialias(onnx_path)
+    if onnx_path != checked:  # an FP32 plan's source is that export: not read a second time
+        refuse_antialias(onnx_path)
     trt_version, gpu = require_trt_and_gpu()
     log.info(f"TensorRT {trt_version} on {gpu['name']} (compute capability {gpu['compute_capability']}).")
 
