@@ -32,3 +32,10 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (a library's reason, without its traceback-like detail), else the
+    exception's type name."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

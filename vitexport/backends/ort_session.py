@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import VitexportError
+from ..errors import VitexportError, first_line
 
 
 def create_session(path: Path | str | bytes, providers: list[str] | None = None, threads: int | None = None):
@@ -21,9 +21,8 @@ def create_session(path: Path | str | bytes, providers: list[str] | None = None,
         model = path if isinstance(path, bytes) else os.fspath(path)
         return ort.InferenceSession(model, sess_options=so, providers=providers or ["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         what = "the model" if isinstance(path, bytes) else str(path)
-        raise VitexportError(f"ONNX Runtime could not load {what}: {first[:300]}") from None
+        raise VitexportError(f"ONNX Runtime could not load {what}: {first_line(e)[:300]}") from None
 
 
 def session_infer(sess, input_name: str, output_name: str):

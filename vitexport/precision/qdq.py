@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifacts.folder import CPU_INT8_WEIGHT_MAX
-from ..errors import VitexportError
+from ..errors import VitexportError, first_line
 from .convert import save_checked, to_fp16, topological_sort
 
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
@@ -222,9 +222,9 @@ def _converted(model, version: int):
     try:
         return version_converter.convert_version(model, version)
     except Exception as e:  # the converter raises RuntimeError/ValueError/its own errors
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise VitexportError(f"The graph's opset {_opset(model)} could not be converted to opset {version}, which "
-                             f"FP16 Q/DQ scales need ({why}); export it again with --opset {version}.") from None
+                             f"FP16 Q/DQ scales need ({first_line(e)}); export it again with --opset {version}.") \
+            from None
 
 
 def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]):
