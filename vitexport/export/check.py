@@ -34,8 +34,9 @@ def check_onnx_against_torch(onnx_path: Path, model: VisionTransformer, batches:
             raise ParityError(f"ONNX output shape {out.shape} differs from PyTorch {ref.shape} at batch {b}.")
         verdict = thresholds.judge(compare(ref, out))
         checks.append(BatchCheck(b, verdict.stats, verdict.passed, None if sizes is None else tuple(size)))
-        log.info(f"batch {b:>3}{'' if sizes is None else f' at {size[0]}x{size[1]}'}: max abs diff {verdict.stats.max_abs:.2e}, min cosine {verdict.stats.cos_min:.7f} "
-                 f"-> {'ok' if verdict.passed else 'FAIL'}")
+        at = "" if sizes is None else f" at {size[0]}x{size[1]}"
+        log.info(f"batch {b:>3}{at}: max abs diff {verdict.stats.max_abs:.2e}, min cosine "
+                 f"{verdict.stats.cos_min:.7f} -> {'ok' if verdict.passed else 'FAIL'}")
     return checks
 
 

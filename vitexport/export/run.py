@@ -51,8 +51,10 @@ def size_range(spec: ModelSpec, built: BuiltModel) -> SizeRange | None:
                        cfg.patch_size)
 
 
-def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int) -> Manifest:
-    """The manifest of an export, before its file exists (no digests, no parity yet)."""
+def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int,
+                 img_size_range: SizeRange | None = None) -> Manifest:
+    """The manifest of an export, before its file exists (no digests, no parity yet); img_size_range: a
+    dynamic-size export's (size_range)."""
     cfg, ckpt = built.model.cfg, built.checkpoint
     classes_or_width = cfg.num_classes or cfg.embed_dim
     return Manifest(
@@ -65,7 +67,7 @@ def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int)
         onnx=onnx_name, input_name=INPUT_NAME, output_name=OUTPUT_NAME,
         input_shape=["batch", cfg.in_chans, *(("height", "width") if cfg.dynamic_img_size else cfg.img_size)],
         output_shape=["batch", classes_or_width] if cfg.global_pool else ["batch", "tokens", classes_or_width],
-        versions=versions(with_python=True), img_size_range=size_range(spec, built),
+        versions=versions(with_python=True), img_size_range=img_size_range,
     )
 
 
@@ -124,19 +126,18 @@ def run_export(spec: ModelSpec, output: Path | None = None, opts: ExportOptions 
         built = build(spec)
     for n in built.notes:
         log.warn(n) if ("untrained" in n or "meaningless" in n or "dropped" in n) else log.info(n)
-    size_range(spec, built)  # a range that cannot be: refused before the folder is made
+    rng = size_range(spec, built)  # a range that cannot be: refused before the folder is made
     folder = _target(spec, output, built)
     with writing(folder, log, temporaries=False):  # torch keeps its own cache under the system's temp folder
-        return _export_into(folder, spec, built, opts, log)
+        return _export_into(folder, spec, built, opts, rng, log)
 
 
 def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: ExportOptions,
-                 log: Log) -> ExportResult:
+                 rng: SizeRange | None, log: Log) -> ExportResult:
     onnx_path = folder.onnx()
-    manifest = new_manifest(spec, built, onnx_path.name, opts.opset)
+    manifest = new_manifest(spec, built, onnx_path.name, opts.opset, rng)
     previous = _previous(folder, manifest, opts.force)
     thresholds = export_thresholds(opts.atol)
-    rng = manifest.img_size_range
     meta = onnx_metadata(spec.variant, built.preprocess, built.model.cfg.num_classes, spec.pos_embed_interp, rng)
     batches = ", ".join(map(str, opts.check_batches))
     sizes = None if rng is None else check_sizes(built.model.cfg.img_size, rng)
