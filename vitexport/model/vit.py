@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import VitexportError
+from .posembed import interpolate_pos_embed
 
 
 def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -291,8 +292,6 @@ class VisionTransformer(nn.Module):
         token."""
         pos_embed = self.pos_embed
         if grid is not None:
-            from .posembed import interpolate_pos_embed
-
             prefix = 0 if self.no_embed_class else self.num_prefix_tokens
             pos_embed = interpolate_pos_embed(pos_embed, grid, prefix, self.pos_grid, self.cfg.pos_embed_interp)
         if self.no_embed_class:
