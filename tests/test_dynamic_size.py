@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import fails_cleanly
+from conftest import ROOT, fails_cleanly
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 from vitexport.artifacts.folder import ModelFolder
@@ -22,6 +22,7 @@ from vitexport.model.spec import check_range, check_sizes, default_range
 from vitexport.model.vit import VisionTransformer, ViTConfig
 
 TINY = dict(embed_dim=64, depth=2, num_heads=4)
+HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 DIGITS = dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0, num_classes=10)
 
 
@@ -183,12 +184,10 @@ def test_a_bicubic_dynamic_export_builds_over_its_range_and_the_runner_keeps_to_
 
 
 def _heldout_at(size):
-    from conftest import ROOT
-
     from vitexport.data.images import load_folder
     from vitexport.model.variants import VARIANTS
 
-    return load_folder(ROOT / "calibration" / "digits" / "heldout", VARIANTS["vit_digits_patch4_32"].preprocess(size))
+    return load_folder(HELDOUT, VARIANTS["vit_digits_patch4_32"].preprocess(size))
 
 
 def _logits(path, x):
@@ -227,16 +226,12 @@ def test_openvino_converts_a_bicubic_export_exactly_and_refuses_an_antialiased_o
     assert rec.size_check.img_size == (16, 48) and rec.size_check.stats.max_abs < 1e-4
     _, folder = dynamic_export  # bicubic with antialias: OpenVINO resamples it otherwise than PyTorch does
     r = CliRunner().invoke(cli, ["openvino", "--precision", "fp32", str(folder), "-q", "--check-data",
-                                 str(_heldout_dir())])
+                                 str(HELDOUT)])
     assert r.exit_code == 1, r.output
     assert "failed the parity check at 16x80" in r.output and "--pos-embed-interp bicubic" in r.output
     assert not (folder / "model.openvino.fp32.xml").exists()
 
 
-def _heldout_dir():
-    from conftest import ROOT
-
-    return ROOT / "calibration" / "digits" / "heldout"
 
 
 
@@ -280,9 +275,7 @@ def test_bench_refuses_other_sizes_of_a_fixed_size_export_and_onnx_takes_one_siz
 
 
 def test_predict_and_triton_take_a_dynamic_export(bicubic_export, tmp_path):
-    from conftest import ROOT
-
-    image = next((ROOT / "calibration" / "digits" / "heldout" / "7").iterdir())
+    image = next((HELDOUT / "7").iterdir())
     r = CliRunner().invoke(cli, ["predict", "-q", str(bicubic_export), str(image), "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)[0]["top"][0]["label"] == "7"
