@@ -8,7 +8,7 @@ sentence, for anything else.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -343,11 +343,6 @@ class Manifest:
             labels=LabelsRecord.from_fields(labels) if labels else None, format=fmt, extra=f.rest(known),
             img_size_range=_size_range(f),
         )
-
-    def at_size(self, img_size: tuple[int, int]) -> "Manifest":
-        """This manifest as a run at another image size sees it (a dynamic-size export's other sizes): its
-        preprocessing makes inputs of that size; nothing else changes."""
-        return replace(self, preprocess=replace(self.preprocess, input_size=tuple(img_size)))
 
     def provenance(self) -> dict[str, Any]:
         """The fields that make two exports the same model."""

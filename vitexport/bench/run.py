@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -182,7 +182,7 @@ def bench_sizes(manifest: Manifest, sizes: tuple[tuple[int, int], ...] | None) -
 def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
                  size: tuple[int, int] | None = None) -> ValidationSet:
     if size is not None:
-        manifest = manifest.at_size(size)
+        manifest = replace(manifest, preprocess=replace(manifest.preprocess, input_size=tuple(size)))
     data_dir = Path(opts.data) if opts.data else default_heldout_dir(manifest.variant)
     int8 = manifest.precisions.get("int8")
     calib_dir = None if int8 is None or int8.calibration is None else int8.calibration.data

@@ -17,6 +17,7 @@ import errno
 import os
 import tempfile
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +213,7 @@ def _check_second_size(folder: ModelFolder, kind: str, fp32: Path, tmp_xml: Path
     position embedding itself there."""
     precision = artifact_kind(kind).precision
     size = second_size(manifest.img_size, manifest.img_size_range)
-    held = _heldout(calib, manifest.at_size(size), QUIET)
+    held = _heldout(calib, replace(manifest, preprocess=replace(manifest.preprocess, input_size=tuple(size))), QUIET)
     assert held is not None
     try:
         with log.step(f"Checking the {precision.upper()} IR against FP32 at {size[0]}x{size[1]}"):

@@ -6,7 +6,7 @@ previous good file.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..artifacts.folder import ModelFolder, artifact_kind, external_data_of
@@ -128,7 +128,8 @@ def _check_second_size(fp32: Path, candidate: Path, precision: str, manifest: Ma
     """A dynamic-size export's converted file checked again at a second size (spec.second_size): its ranges were
     calibrated at the default size, and the resampled position embedding runs in its precision too."""
     size = second_size(manifest.img_size, manifest.img_size_range)
-    held = _heldout(opts, manifest.at_size(size), precision, QUIET)
+    pp = replace(manifest.preprocess, input_size=tuple(size))
+    held = _heldout(opts, replace(manifest, preprocess=pp), precision, QUIET)
     assert held is not None
     try:
         with log.step(f"Checking {precision.upper()} against FP32 at {size[0]}x{size[1]} on {len(held):,} held-out "
