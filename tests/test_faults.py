@@ -47,10 +47,11 @@ FAST_BENCH = ["--batch", "1", "--iterations", "1", "--min-time", "0", "--warmup"
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """The digits model exported, with FP16 and INT8 made (without their parity check: not what is tested)."""
+    """The digits model exported, with FP16 (both graphs) and INT8 made (without their parity check: not what is
+    tested)."""
     root = tmp_path_factory.mktemp("faults")
     result = run_export(ModelSpec(variant=DIGITS_VARIANT), output=root / "model")
-    for kind in ("fp16", "int8"):
+    for kind in ("fp16", "fp16-trt", "int8"):
         ensure_artifact(result.folder, kind, calib=CalibOptions(samples=24, check=False))
     data = root / "data"  # 2 held-out images per class, unlabelled (flat): bench parity in a second, and no
     data.mkdir()  # accuracy bound that 20 images are too few to decide (the faults are what is tested here)

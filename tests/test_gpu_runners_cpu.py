@@ -127,7 +127,10 @@ def test_what_a_loaded_runner_reports(tmp_path, monkeypatch):
     assert runner.precision == "int8"
     compat = info.pop("compatibility")
     assert compat.startswith("model.int8.plan was built on NVIDIA H100 80GB HBM3, not on this NVIDIA H200")
-    assert runner.warnings == [compat]
+    not_checked = ("the ONNX it was built from (model.int8.trt.onnx) is not beside it, so its layers cannot be "
+                   "checked against that graph")
+    assert info.pop("engine_problems") == [not_checked]
+    assert runner.warnings == [compat, f"model.int8.plan: {not_checked}"]
     sidecar = _sidecar(tmp_path, precision="int8")
     expected = {"plan": str(ModelFolder(tmp_path).plan("int8")), "plan_sha256": sidecar["plan_sha256"],
                 "tensorrt": "10.13.0.35", "gpu": "NVIDIA H200", "compute_capability": "9.0",

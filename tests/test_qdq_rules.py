@@ -23,11 +23,11 @@ from vitexport.precision.qdq import (
     insert_qdq,
     is_matrix_vector,
     quantize_weight,
-    quantized_gemms,
     select_gemms,
     trt_int8_invariants,
     write_trt_int8,
 )
+from vitexport.tensorrt_engine.fusion import quantized_gemms
 
 RNG = np.random.default_rng(11)
 W1 = RNG.standard_normal((8, 6)).astype(np.float32)  # (K, N) of a MatMul

@@ -171,7 +171,7 @@ def test_output_naming(tmp_path):
         assert side == tmp_path / f"model.{p}.plan.json"
         assert precision_from_plan_name(plan) == p
     assert folder.plan_source("fp32") == tmp_path / "model.onnx"
-    assert folder.plan_source("fp16") == tmp_path / "model.fp16.onnx"
+    assert folder.plan_source("fp16") == tmp_path / "model.fp16.trt.onnx"  # every op FP16: what TensorRT fuses
     assert folder.plan_source("int8") == tmp_path / "model.int8.trt.onnx"  # the INT8 graph shaped for TensorRT
     assert precision_from_plan_name(Path("weird.plan")) is None
     with pytest.raises(VitexportError, match="Unknown precision"):
@@ -201,7 +201,7 @@ def test_sidecar_contents(tmp_path):
                         "cuda_runtime": "13.0"}
     assert s["profile"] == {"input": "pixel_values", "min": [1, 3, 32, 32], "opt": [4, 3, 32, 32],
                             "max": [16, 3, 32, 32]}
-    assert s["source_onnx"] == "model.fp16.onnx" and s["source_onnx_sha256"] == "ab" * 32
+    assert s["source_onnx"] == "model.fp16.trt.onnx" and s["source_onnx_sha256"] == "ab" * 32
     assert s["plan_sha256"] == hashlib.sha256(b"PLAN").hexdigest() and s["plan_bytes"] == 4
     bo = s["build_options"]
     assert (bo["workspace_gib"], bo["opt_level"], bo["timing_cache"]) == (2.0, 3, str(tmp_path / "t.cache"))
@@ -395,8 +395,8 @@ def test_run_trt_validates_options_before_preparing(tmp_path):
 
 
 def test_run_trt_without_the_onnx_says_how_to_make_it(tmp_path):
-    with pytest.raises(VitexportError, match="model.fp16.onnx does not exist; make it with `vitexport onnx` and "
-                                             "`vitexport quantize --fp16` first"):
+    with pytest.raises(VitexportError, match="model.fp16.trt.onnx does not exist; make it with `vitexport onnx` and "
+                                             "`vitexport quantize --fp16 --target tensorrt` first"):
         compiler.run_trt(tmp_path, BuildOptions())
 
 
@@ -432,12 +432,13 @@ def test_a_failed_build_keeps_the_previous_engine(tmp_path, monkeypatch):
     plan.write_bytes(b"old"), side.write_text("{}")
 
     def failing_build(onnx_path, opts, log):
-        raise VitexportError("TensorRT could not build an engine from model.fp16.onnx:\n  boom")
+        raise VitexportError("TensorRT could not build an engine from model.fp16.trt.onnx:\n  boom")
 
     with pytest.raises(VitexportError, match="boom"):
         compiler.run_trt(tmp_path, BuildOptions(), prepare_onnx=_fake_prepare(tmp_path, []), build=failing_build)
     assert plan.read_bytes() == b"old" and side.read_text() == "{}"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.fp16.onnx", "model.fp16.plan", "model.fp16.plan.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.fp16.plan", "model.fp16.plan.json",
+                                                             "model.fp16.trt.onnx"]
 
 
 def test_parse_failure_lists_every_error():

@@ -112,19 +112,20 @@ def test_engine_matches_onnxruntime_at_three_batches(built, inputs, reference, p
 @needs_tensorrt
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_the_engine_computes_its_gemms_in_its_precision(built, precision):
-    """INT8 GEMMs in the INT8 engine, FP16 GEMMs in the FP16 engine, no FP32 GEMM (or attention) in either."""
-    import onnx
-
+    """INT8 GEMMs in the INT8 engine, FP16 GEMMs in the FP16 engine, no FP32 GEMM (or attention) in either, and
+    the four attention blocks fused in both (their source graphs keep Softmax in FP16 between the products)."""
     from vitexport.backends.tensorrt import TensorRTRunner
-    from vitexport.precision.qdq import quantized_gemms
-    from vitexport.tensorrt_engine.engine_info import precision_problems, selection_problems
+    from vitexport.tensorrt_engine.engine_info import engine_problems
+    from vitexport.tensorrt_engine.fusion import plan_expectations
 
     res = built(precision)
     with TensorRTRunner(res.plan_path) as runner:
         layers = runner.engine_layers()
-    problems = precision_problems(layers, precision)
-    if precision == "int8":  # every GEMM the graph quantized, not just one of them
-        problems += selection_problems(layers, quantized_gemms(onnx.load(str(res.onnx_path))), "int8")
+        assert runner.info["engine_problems"] == runner.engine_problems()
+    quantized, sites = plan_expectations(res.onnx_path)
+    assert len(sites) == 4 and (precision == "fp16") == (not quantized)  # the digits model: 4 blocks
+    # every GEMM the graph quantized in INT8 (not just one of them), every attention fused, no FP32 GEMM
+    problems = engine_problems(layers, precision, quantized, sites)
     assert not problems, (layers.summary(), problems)
 
 

@@ -13,6 +13,7 @@ from vitexport.export.run import run_export
 from vitexport.model.spec import ModelSpec
 from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.precision.qdq import trt_int8_invariants
+from vitexport.tensorrt_engine.fusion import attention_sites, why_not_fused
 
 HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 
@@ -25,7 +26,7 @@ def digits(tmp_path_factory):
 
 
 @pytest.mark.skipif(HAVE_TRT, reason="TensorRT is installed here: the engine tests cover this machine")
-@pytest.mark.parametrize("flag,made", [("--int8", "model.int8.trt.onnx"), ("--fp16", "model.fp16.onnx")])
+@pytest.mark.parametrize("flag,made", [("--int8", "model.int8.trt.onnx"), ("--fp16", "model.fp16.trt.onnx")])
 def test_trt_without_tensorrt_prepares_onnx_then_exits_4(digits, tmp_path, flag, made):
     folder = tmp_path / "m"
     shutil.copytree(digits, folder)
@@ -42,6 +43,13 @@ def test_trt_without_tensorrt_prepares_onnx_then_exits_4(digits, tmp_path, flag,
         assert inv["q_on_gemm_output"] == 0 and inv["outputs_from_dq"] == 0 and inv["casts_after_dq"] == 0
         assert inv["scale_types"] == ["FLOAT16"] and inv["nonzero_zero_points"] == 0 and inv["dq_nodes"] > 0
         assert inv["float_tensors"]["FLOAT16"] > 0.9 * sum(inv["float_tensors"].values())
+    else:  # every op in FP16: no Cast but the input's and the output's, LayerNorm one op, attention fusable
+        model = onnx.load(str(folder / made))
+        casts = [n for n in model.graph.node if n.op_type == "Cast"]
+        assert [c.input[0] for c in casts[:1]] == [model.graph.input[0].name] and len(casts) == 2
+        assert casts[-1].output[0] == model.graph.output[0].name
+        assert all(s.dtype == "fp16" and why_not_fused(s) is None for s in attention_sites(model))
+        assert len(attention_sites(model)) == 4
 
 
 def test_bad_profile_rejected_before_any_work(digits, tmp_path):

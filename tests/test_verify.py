@@ -222,7 +222,7 @@ def test_a_plan_against_its_sidecar_and_its_source(tmp_path):
     assert c.sentence() == f"{mf.plan('fp16')} {c.reason}; {remedy}."
     _plan(mf)
     mf.plan_source("fp16").write_bytes(b"a newer graph")
-    assert check_plan(mf, "fp16") == _plan_check(mf, "fp16", STALE, "was built from an earlier model.fp16.onnx")
+    assert check_plan(mf, "fp16") == _plan_check(mf, "fp16", STALE, "was built from an earlier model.fp16.trt.onnx")
     mf.plan_source("fp16").unlink()
     assert check_plan(mf, "fp16").status == STALE
     _plan(mf, source_onnx_sha256=None)  # nothing recorded about the source: only the plan's own bytes are checked
@@ -259,7 +259,7 @@ def test_check_folder_lists_every_kind_and_plan_in_order(folder):
     checks = check_folder(mf, manifest)
     assert [c.kind for c in checks] == list(ARTIFACTS) + [f"plan:{p}" for p in PLAN_PRECISIONS]
     assert {c.kind: c.status for c in checks} == {
-        "fp32": OK, "fp16": OK, "int8": OK, "int8-trt": MISSING, "openvino-fp32": OK, "openvino-fp16": MISSING,
+        "fp32": OK, "fp16": OK, "fp16-trt": MISSING, "int8": OK, "int8-trt": MISSING, "openvino-fp32": OK, "openvino-fp16": MISSING,
         "openvino-int8": MISSING, "plan:fp32": MISSING, "plan:fp16": MISSING, "plan:int8": MISSING}
 
 

@@ -37,6 +37,7 @@ Maker = Callable[[ModelFolder, str, Union[CalibOptions, None], Log], PrecisionRe
 # ONNX kind -> the step that makes it from the FP32 export ('fp32' itself is the export)
 MAKERS: dict[str, Maker] = {
     "fp16": run_quantize,
+    "fp16-trt": run_quantize,
     "int8": run_quantize,
     "int8-trt": run_quantize,
     **{kind: make_ir for kind in IR_SOURCE},  # OpenVINO IR, converted from the ONNX kind IR_SOURCE[kind]
@@ -118,7 +119,7 @@ def ensure_artifact(target: Target, kind: str, *, spec: ModelSpec | None = None,
             return Artifact(kind, folder.onnx(kind), folder, False, export=exported)
         if reason:
             log.info(reason)
-        if calib is not None and artifact_kind(kind).precision == "fp16":
+        if calib is not None and kind == "fp16":  # the TensorRT-shaped FP16 graph keeps nothing in FP32
             check_op_types(tuple(calib.keep_fp32), folder.onnx(), "--keep-fp32", log)
         result = maker(folder, kind, calib, log)
     return Artifact(kind, result.onnx_path, folder, True, export=exported, precision=result)

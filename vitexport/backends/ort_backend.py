@@ -8,6 +8,7 @@ back. The CPU provider runs as before: numpy in, numpy out.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,12 @@ class OrtRunner(Runner):
                 raise BackendUnavailable(f"no CUDA GPU visible, so {wanted} cannot start")
             if self.ep == "tensorrt" and not _tensorrt_libraries():
                 raise BackendUnavailable("the TensorRT libraries (libnvinfer) are not installed")
+            if self.ep == "tensorrt":
+                from ..environment import tensorrt_version
+
+                why = trt_provider_mismatch(provider_nvinfer_major(), tensorrt_version(), ort.__version__)
+                if why:
+                    raise BackendUnavailable(why)
         from .ort_session import create_session
 
         providers = [wanted] if self.ep == "cpu" else [wanted, "CPUExecutionProvider"]
@@ -108,3 +115,36 @@ def _tensorrt_libraries() -> bool:
 
     return importlib.util.find_spec("tensorrt_libs") is not None or importlib.util.find_spec("tensorrt") is not None \
         or ctypes.util.find_library("nvinfer") is not None
+
+
+_NVINFER_SONAME = re.compile(rb"libnvinfer\.so\.(\d+)")
+
+
+def provider_nvinfer_major(lib: Path | None = None) -> int | None:
+    """The TensorRT major version onnxruntime's TensorRT provider library links against (the `libnvinfer.so.N` it
+    names), or None when the library is absent or names none. Read from its bytes: nothing is loaded."""
+    import mmap
+
+    if lib is None:
+        import onnxruntime
+
+        lib = Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime_providers_tensorrt.so"
+    try:
+        with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            found = _NVINFER_SONAME.search(m)  # type: ignore[call-overload]  # mmap is a bytes-like buffer
+            return int(found.group(1)) if found else None
+    except (OSError, ValueError):
+        return None
+
+
+def trt_provider_mismatch(needed_major: int | None, installed: str | None, ort_version: str) -> str | None:
+    """Why onnxruntime's TensorRT provider cannot run with the installed TensorRT (built against TensorRT 10, it
+    cannot load TensorRT 11's libnvinfer.so.11), or None when the majors agree or either is unknown."""
+    if needed_major is None or not installed or not installed.split(".")[0].isdigit():
+        return None
+    have = int(installed.split(".")[0])
+    if have == needed_major:
+        return None
+    return (f"onnxruntime {ort_version}'s TensorRT provider is built against TensorRT {needed_major} "
+            f"(libnvinfer.so.{needed_major}); this machine has TensorRT {installed}, so its rows are skipped "
+            f"(vitexport's own TensorRT rows run it)")

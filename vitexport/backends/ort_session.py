@@ -8,14 +8,19 @@ from pathlib import Path
 from ..errors import VitexportError, first_line
 
 
-def create_session(path: Path | str | bytes, providers: list[str] | None = None, threads: int | None = None):
-    """A session on a model file, or on a serialized model (bytes: e.g. a graph rewritten in memory)."""
+def create_session(path: Path | str | bytes, providers: list[str] | None = None, threads: int | None = None,
+                   external_folder: Path | None = None):
+    """A session on a model file, or on a serialized model (bytes: e.g. a graph rewritten in memory). A serialized
+    graph whose weights stay in external data names the folder they are read from (`external_folder`), so a model
+    over protobuf's 2 GB cap is never serialized whole."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
+    if external_folder is not None:
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", os.fspath(external_folder))
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     try:
         model = path if isinstance(path, bytes) else os.fspath(path)

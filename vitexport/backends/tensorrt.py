@@ -53,6 +53,7 @@ class TensorRTRunner(Runner):
         self._out_buffers: dict[tuple[int, ...], Any] = {}
         self._bound_batch = 0  # the batch _bind() set up last (for _execute's message)
         self._stream: Any = None  # a CudaStream, made by load()
+        self._source: Path | None = None  # the ONNX the plan was built from (its sidecar says which)
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def _check_plan(self, version: str, gpu: dict[str, Any]) -> bytes:
@@ -67,7 +68,7 @@ class TensorRTRunner(Runner):
         compat = check_compatibility(sidecar, current_env(version, gpu), self.plan_path.parent)
         if not compat.ok:
             raise BackendUnavailable(compat.message)
-        source = self._source_onnx(sidecar)
+        source = self._source = self._source_onnx(sidecar)
         if source.is_file() and sidecar.get("source_onnx_sha256") not in (None, onnx_digest(source)):
             raise BackendUnavailable(f"{self.plan_path.name} was built from an earlier {source.name}; rebuild it "
                                      f"with `{rebuild}`.")
@@ -142,6 +143,8 @@ class TensorRTRunner(Runner):
                           **({} if self._chw == self._chw_max else
                              {"image_range": [list(self._chw[1:]), list(self._chw_max[1:])]}),
                           "layer_precisions": self._layer_summary()})
+        self.info["engine_problems"] = self.engine_problems()
+        self.warnings += [f"{self.plan_path.name}: {p}" for p in self.info["engine_problems"]]
 
     def engine_layers(self) -> EngineLayers:
         """Each layer's kind and precision, from the engine inspector (plans are built with DETAILED verbosity)."""
@@ -151,6 +154,25 @@ class TensorRTRunner(Runner):
             raise BackendUnavailable(f"{self.name} is not loaded.")
         inspector = self._engine.create_engine_inspector()
         return parse_engine_information(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+
+    def engine_problems(self) -> list[str]:
+        """Why the engine does not run as the ONNX it was built from asks (engine_info.engine_problems: an FP32
+        GEMM, a quantized GEMM that fell back, an attention site left unfused); empty when it does. An FP32 plan
+        is asked for nothing but its layers being readable."""
+        from ..tensorrt_engine.engine_info import engine_problems
+        from ..tensorrt_engine.fusion import plan_expectations
+
+        try:
+            layers = self.engine_layers()
+        except VitexportError as e:
+            return [str(e)]
+        if self.precision == "fp32":
+            return []
+        if self._source is None or not self._source.is_file():
+            return [f"the ONNX it was built from ({self._source.name if self._source else '?'}) is not beside it, "
+                    f"so its layers cannot be checked against that graph"]
+        quantized, sites = plan_expectations(self._source)
+        return engine_problems(layers, self.precision, quantized, sites)
 
     def _layer_summary(self) -> dict[str, Any] | str:
         try:

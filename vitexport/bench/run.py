@@ -33,11 +33,12 @@ from ..progress import QUIET, Log
 from ..validate.evaluate import Evaluation, ValidationSet, evaluate, open_validation
 from .latency import Latency, measure_latency
 
-PREPARED_KINDS = ("fp16", "int8", "int8-trt")  # ONNX kinds the bench makes when missing (unless --no-prepare)
+PREPARED_KINDS = ("fp16", "int8", "int8-trt")  # ONNX kinds the bench makes when missing (unless --no-prepare) ...
+GPU_PREPARED_KINDS = ("fp16-trt",)  # ... and, with a CUDA GPU, for ONNX Runtime's TensorRT provider
 # ONNX kinds each ONNX Runtime provider runs: each INT8 graph where it belongs (the TensorRT-shaped one on the CPU
 # for its accuracy only: FP16 is emulated there, so that row is not timed)
 ORT_KINDS = {"cpu": ("fp32", "fp16", "int8", "int8-trt"), "cuda": ("fp32", "fp16", "int8"),
-             "tensorrt": ("fp32", "fp16", "int8-trt")}
+             "tensorrt": ("fp32", "fp16-trt", "int8-trt")}
 PLAN_ORDER = ("fp16", "int8", "fp32")  # TensorRT plans, in the order they are run and listed
 # OpenVINO CPU rows: row precision -> the ONNX kind it reads (bf16: the FP32 graph, OpenVINO's bf16 inference precision)
 OPENVINO_ROWS = {"fp32": "fp32", "bf16": "fp32", "int8": "int8"}
@@ -128,7 +129,7 @@ def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = No
     itself). A kind that cannot be made is warned about and then listed as unavailable."""
     folder = open_model(target, spec, export=prepare, verify=False, log=log)  # a wrong file: a FAIL in the table
     if prepare:
-        for kind in PREPARED_KINDS:
+        for kind in PREPARED_KINDS + (GPU_PREPARED_KINDS if cuda_gpu() is not None else ()):
             try:
                 ensure_artifact(folder, kind, calib=CalibOptions(check=False), log=log)
             except ParityError:

@@ -6,18 +6,23 @@ import click
 
 from .groups import CALIB, MODEL, QUIET, TARGET, one_flag, use
 
-INT8_TARGETS = {"cpu": ("int8",), "tensorrt": ("int8-trt",), "all": ("int8", "int8-trt")}
+# --target -> the ONNX kinds made, per precision: the graph for CPU runtimes, the one shaped for TensorRT, or both
+TARGETS = {"fp16": {"cpu": ("fp16",), "tensorrt": ("fp16-trt",), "all": ("fp16", "fp16-trt")},
+           "int8": {"cpu": ("int8",), "tensorrt": ("int8-trt",), "all": ("int8", "int8-trt")}}
 
 
 @click.command("quantize")
 @click.option("--fp16", is_flag=True, help="Mixed FP16, FP32 inputs/outputs.")
 @click.option("--int8", is_flag=True, help="Symmetric INT8 Q/DQ from calibration.")
-@click.option("--target", "int8_target", type=click.Choice(list(INT8_TARGETS)), default="cpu", show_default=True,
-              help="INT8: the graph for CPU runtimes (FP32 between the INT8 GEMMs), the one shaped for TensorRT "
-                   "(FP16 between them), or both from one calibration.")
+@click.option("--target", "graph_target", type=click.Choice(list(TARGETS["int8"])), default="cpu",
+              show_default=True,
+              help="The graph for CPU runtimes (FP16: LayerNorm and Softmax in FP32; INT8: FP32 between the INT8 "
+                   "GEMMs), the one shaped for TensorRT (every other op in FP16), or both (INT8: from one "
+                   "calibration).")
 @use(TARGET, MODEL, CALIB, QUIET)
-def quantize_command(fp16, int8, int8_target, target, spec, calib, log):
-    """Write model.fp16.onnx, model.int8.onnx or model.int8.trt.onnx beside an exported model, checked against FP32.
+def quantize_command(fp16, int8, graph_target, target, spec, calib, log):
+    """Write model.fp16.onnx, model.int8.onnx (or, with --target tensorrt, model.fp16.trt.onnx, model.int8.trt.onnx)
+    beside an exported model, checked against FP32.
 
     MODEL_DIR is an exported model folder (or its model.onnx). Without it, the folder of --model
     (default: the default model) is used, exported first if absent.
@@ -27,7 +32,7 @@ def quantize_command(fp16, int8, int8_target, target, spec, calib, log):
         raise click.UsageError("Choose --fp16 or --int8.")
     if precision == "fp16" and (calib.data or calib.samples):
         log.warn("--calib-data/--calib-samples only matter for --int8; FP16 needs no calibration.")
-    kinds = INT8_TARGETS[int8_target] if precision == "int8" else ("fp16",)
+    kinds = TARGETS[precision][graph_target]
     from ..ensure import ensure_artifact
 
     for kind in kinds:

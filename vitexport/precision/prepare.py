@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..artifacts.folder import ModelFolder, artifact_kind, external_data_of
+from ..artifacts.folder import ModelFolder, artifact_kind
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
 from ..artifacts.verify import BROKEN, MISSING, check_onnx
 from ..backends.ort_session import create_session, session_infer
@@ -23,12 +23,13 @@ from .convert import convert_fp16, graph_precision
 from .int8 import INT8_KINDS, calibration_key, calibration_set, ranges, selection_for, write_int8
 from .settings import CalibOptions
 
-CONVERTERS = ("fp16", *INT8_KINDS)  # the ARTIFACTS kinds this step makes
+FP16_KINDS = ("fp16", "fp16-trt")  # FP32 LayerNorm/Softmax for CPU runtimes | every op FP16, shaped for TensorRT
+CONVERTERS = (*FP16_KINDS, *INT8_KINDS)  # the ARTIFACTS kinds this step makes
 
 
 @dataclass
 class PrecisionResult:
-    precision: str  # the kind made: 'fp16' | 'int8'
+    precision: str  # the kind made: 'fp16' | 'fp16-trt' | 'int8' | 'int8-trt'
     onnx_path: Path  # where it is
     verdict: ParityVerdict | None  # its check against FP32 (None: skipped)
     cache_reused: bool | None  # INT8: the calibration cache was reused
@@ -60,9 +61,6 @@ def _fp32_source(folder: ModelFolder, precision: str) -> tuple[Path, str, Manife
     fp32_sha = sha256_file(fp32)
     if manifest.onnx_sha256 and manifest.onnx_sha256 != fp32_sha:
         raise VitexportError(f"{fp32} changed since it was exported (sha256 differs from the manifest); re-export it.")
-    if precision in INT8_KINDS and external_data_of(fp32).exists():
-        raise VitexportError(f"{fp32} keeps its weights in external data (over 2 GB); INT8 calibration of such "
-                             f"models is not supported yet (FP16 is).")
     return fp32, fp32_sha, manifest
 
 
@@ -102,6 +100,10 @@ def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manife
             with log.step(f"Converting to mixed FP16 (kept in FP32: {', '.join(opts.keep_fp32) or 'nothing'})"):
                 convert_fp16(fp32, tmp, tuple(opts.keep_fp32))
             record.keep_fp32 = list(opts.keep_fp32)
+        elif precision == "fp16-trt":
+            with log.step("Converting to FP16 for TensorRT (every op in FP16, FP32 inputs/outputs)"):
+                convert_fp16(fp32, tmp, ())
+            record.keep_fp32 = []
         else:
             key, reused = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, log)
         if held is not None:
@@ -186,6 +188,8 @@ def stale_reason(folder: ModelFolder, kind: str, calib: CalibOptions | None) -> 
 
 def _made_with(rec: PrecisionRecord, kind: str, calib: CalibOptions, manifest: Manifest) -> bool:
     """Whether an existing conversion record matches the options asked for now."""
+    if kind == "fp16-trt":
+        return not rec.keep_fp32  # the TensorRT-shaped graph keeps nothing in FP32, whatever --keep-fp32 says
     if artifact_kind(kind).precision == "fp16":
         return list(rec.keep_fp32 or []) == list(calib.keep_fp32)
     cal = rec.calibration

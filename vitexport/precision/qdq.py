@@ -24,9 +24,9 @@ import numpy as np
 
 from ..artifacts.folder import CPU_INT8_WEIGHT_MAX
 from ..errors import VitexportError, first_line
+from ..tensorrt_engine.fusion import LINEAR_OPS
 from .convert import save_checked, to_fp16, topological_sort
 
-LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
 BUMPABLE_FROM = 18  # from this opset on the number is raised to 19 in place; below, onnx's converter converts
 INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q (TensorRT's convention)
@@ -120,21 +120,58 @@ def fp16_everywhere(fp32_model):
     return to_fp16(fp32_model, keep_fp32=())
 
 
+@dataclass
+class FloatGemms:
+    """What the Q/DQ writer needs of the FP32 graph, its weights already quantized: so the FP32 model (the whole of
+    its weights) can be let go before the graph that gets the Q/DQ is loaded and converted."""
+
+    inputs: dict[str, list[str]]  # selected node -> its FP32 input names
+    weights: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]  # weight -> axis -> (int8 weight, scale)
+
+
+def float_gemms(fp32_model, selection: GemmSelection, scale_dtype=np.float16,
+                weight_max: int = INT8_MAX) -> FloatGemms:
+    """The selected GEMMs' FP32 input names, and their weights quantized per output channel (one weight at a time
+    is read out of the model as an array)."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in fp32_model.graph.initializer}
+    chosen = set(selection.nodes)
+    out = FloatGemms({}, {})
+    for node in fp32_model.graph.node:
+        if node.name not in chosen:
+            continue
+        out.inputs[node.name] = list(node.input)
+        for t in node.input[:2]:
+            if t in inits:
+                axis = _weight_axis(node, tuple(inits[t].dims))
+                if axis not in out.weights.setdefault(t, {}):
+                    out.weights[t][axis] = quantize_weight(numpy_helper.to_array(inits[t]), axis, scale_dtype,
+                                                           weight_max)
+    return out
+
+
 def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, float], scale_dtype=np.float16,
                weight_max: int = INT8_MAX):
     """Put Q/DQ on the inputs of the selected GEMMs of `model16` (the FP16 model, or an FP32 copy with
     scale_dtype float32), with weights in [-weight_max, weight_max] and ranges taken from the FP32 model."""
+    return insert_qdq_from(float_gemms(fp32_model, selection, scale_dtype, weight_max), model16, selection, amax,
+                           scale_dtype)
+
+
+def insert_qdq_from(fp32: FloatGemms, model16, selection: GemmSelection, amax: dict[str, float],
+                    scale_dtype=np.float16):
+    """insert_qdq with the FP32 side read beforehand (float_gemms)."""
     import onnx
 
     if scale_dtype == np.float16 and _opset(model16) < BUMPABLE_FROM:
         model16 = _converted(model16, TRT_INT8_OPSET)
-    writer = _QDQWriter(fp32_model, model16.graph, amax, scale_dtype, weight_max)
-    fp32_nodes = {n.name: n for n in fp32_model.graph.node}
+    writer = _QDQWriter(fp32, model16.graph, amax, scale_dtype)
     for node in model16.graph.node:
         if node.name in selection.nodes:
-            src = fp32_nodes[node.name]
+            src = fp32.inputs[node.name]
             for k in range(min(2, len(node.input))):
-                writer.quantize_input(node, k, src.input[k])
+                writer.quantize_input(node, k, src[k])
     writer.finish()
     topological_sort(model16.graph)
     if scale_dtype == np.float16:
@@ -146,16 +183,16 @@ def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, fl
 class _QDQWriter:
     """The Q/DQ nodes and initializers added to one graph; a tensor feeding several GEMMs gets one pair."""
 
-    def __init__(self, fp32_model, graph, amax: dict[str, float], scale_dtype, weight_max: int) -> None:
-        self.fp32_inits = {i.name: i for i in fp32_model.graph.initializer}
-        self.graph, self.amax, self.dtype, self.weight_max = graph, amax, scale_dtype, weight_max
+    def __init__(self, fp32: FloatGemms, graph, amax: dict[str, float], scale_dtype) -> None:
+        self.weights = fp32.weights
+        self.graph, self.amax, self.dtype = graph, amax, scale_dtype
         self.consts = _constants(graph)
         self.inits, self.nodes = [], []
         self.done: dict[tuple, str] = {}  # (tensor, axis) -> the DQ output that replaces it
 
     def quantize_input(self, node, k: int, t32: str) -> None:
         t16 = node.input[k]
-        if t32 in self.fp32_inits:  # a weight: stored as INT8 with a per-channel DequantizeLinear
+        if t32 in self.weights:  # a weight: stored as INT8 with a per-channel DequantizeLinear
             node.input[k] = self._weight(node, t32)
         elif t16 not in self.consts:  # an activation: per-tensor scale from calibration
             if t32 not in self.amax:
@@ -165,10 +202,10 @@ class _QDQWriter:
     def _weight(self, node, t32: str) -> str:
         from onnx import helper, numpy_helper
 
-        w = numpy_helper.to_array(self.fp32_inits[t32])
-        axis = _weight_axis(node, w.shape)
+        by_axis = self.weights[t32]
+        axis = _weight_axis(node, next(iter(by_axis.values()))[0].shape)
         if (t32, axis) not in self.done:
-            q, scale = quantize_weight(w, axis, self.dtype, self.weight_max)
+            q, scale = by_axis[axis]
             base = f"{t32}_int8" if not any(t == t32 for t, _ in self.done) else f"{t32}_int8_axis{axis}"
             self.inits += [numpy_helper.from_array(q, base), numpy_helper.from_array(scale, f"{base}_scale"),
                            numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{base}_zero_point")]
@@ -232,21 +269,13 @@ def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: d
     returns the graph written."""
     import onnx
 
-    fp32 = onnx.load(str(fp32_path))
-    copy = onnx.ModelProto()
-    copy.CopyFrom(fp32)
-    model = insert_qdq(fp32, fp16_everywhere(copy), selection, amax)  # the copy is converted in place
+    gemms = float_gemms(onnx.load(str(fp32_path)), selection)  # the FP32 model is let go once its weights are INT8
+    model = insert_qdq_from(gemms, fp16_everywhere(onnx.load(str(fp32_path))), selection, amax)
     save_checked(model, dst, "TensorRT INT8")
     return model
 
 
 # -- invariants (what tests and `vitexport info` check) ------------------------------------------------------
-
-def quantized_gemms(model) -> list[str]:
-    """The names of the GEMM nodes of a Q/DQ graph that read a DequantizeLinear output (the INT8 ones), in order."""
-    dq = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
-    return [n.name for n in model.graph.node if n.op_type in LINEAR_OPS and any(i in dq for i in n.input[:2])]
-
 
 def trt_int8_invariants(model) -> dict:
     """Facts about a Q/DQ graph that TensorRT's INT8 GEMM fusion depends on."""

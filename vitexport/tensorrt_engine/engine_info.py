@@ -43,6 +43,9 @@ _TACTIC_HINTS = (("int8", re.compile(r"i8i8|int8|imma", re.I)), ("fp8", re.compi
                  ("fp32", re.compile(r"tf32|f32f32|sgemm|fp32", re.I)))
 _GEMM_WORDS = ("gemm", "matrixmultiply", "matmul", "convolution", "conv", "fullyconnected")
 _ATTENTION_WORDS = ("mha", "attention")
+# a fused attention kernel by its tactic or Myelin's layer name: _gemm_mha_v2_myl3_6, fmha_v2_..., flash_attention;
+# not "[MATRIX_MULTIPLY]_[scaled_dot_product_attention]_..." (an unfused product, NVIDIA/TensorRT#3665)
+_FUSED_MHA = re.compile(r"fmha|_mha|mha_v\d|flash_attention", re.I)
 _FUSED_GEMM = re.compile(r"gemm", re.I)
 _ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]]*)\]")  # TensorRT 10 joins several with \x1f
 _FUSED_GEMM_NAME = re.compile(r"^__myl_(Fc|MatMul|Gemm)", re.I)
@@ -125,7 +128,7 @@ def _kind(layer: dict[str, Any], name: str, tactic: str) -> str:
     words = " ".join(str(layer.get(k, "")) for k in ("LayerType", "ParameterType")).lower()
     if "myelin" in words or name.startswith("{ForeignNode"):
         return "opaque"
-    if any(w in words for w in _ATTENTION_WORDS) or re.search(r"fmha|_mha", tactic, re.I):
+    if any(w in words for w in _ATTENTION_WORDS) or _FUSED_MHA.search(tactic) or _FUSED_MHA.search(name):
         return "attention"
     if any(w in words for w in _GEMM_WORDS) or (not words.strip() and "gemm" in tactic.lower()):
         return "gemm"
@@ -202,10 +205,7 @@ def selection_problems(engine: EngineLayers, nodes: Sequence[str], expected: str
 
     A partial fallback (one quantized GEMM left in FP16) fails here, where "at least one INT8 GEMM" passes.
     """
-    where: dict[str, list[LayerFact]] = {}
-    for f in engine.layers:
-        for n in f.onnx_nodes:
-            where.setdefault(n, []).append(f)
+    where = _by_onnx_node(engine)
     if nodes and not where:
         return [f"no layer names its ONNX nodes (Metadata), so the {len(nodes)} quantized GEMMs cannot be found; "
                 f"the plan must be built with ProfilingVerbosity.DETAILED"]
@@ -223,3 +223,40 @@ def selection_problems(engine: EngineLayers, nodes: Sequence[str], expected: str
             problems.append(f"quantized GEMM {n!r} runs in {f.precision} in {f.name!r} (tactic {f.tactic or '?'})")
     return problems
 
+
+
+def attention_problems(engine: EngineLayers, sites: Sequence[Any]) -> list[str]:
+    """Why the attention sites TensorRT can fuse (precision.attention.AttentionSite: bmm1, softmax, bmm2) were not
+    each computed by one fused attention layer; empty when they were. Q.K^T and .V in separate GEMM layers, with a
+    Softmax between, is the unfused attention that costs the FP16 and INT8 engines their speed."""
+    where = _by_onnx_node(engine)
+    if sites and not where:
+        return [f"no layer names its ONNX nodes (Metadata), so the {len(sites)} attention sites cannot be found; "
+                f"the plan must be built with ProfilingVerbosity.DETAILED"]
+    problems = []
+    for site in sites:
+        fused = [f for f in where.get(site.bmm1, []) if f.kind == "attention" and site.bmm2 in f.onnx_nodes]
+        if fused:
+            continue
+        ran = [f"{f.kind} {f.name!r}" for n in (site.bmm1, site.bmm2) for f in where.get(n, [])[:1]]
+        problems.append(f"attention {site.bmm1!r} -> {site.bmm2!r} is not fused into one attention layer "
+                        f"({'; '.join(ran) if ran else 'in no layer metadata'})")
+    return problems
+
+
+def engine_problems(engine: EngineLayers, expected: str, quantized: Sequence[str] = (),
+                    sites: Sequence[Any] = ()) -> list[str]:
+    """Every reason an engine built for `expected` does not run as its graph asks: no FP32 GEMM or attention,
+    each of the graph's `quantized` GEMMs in `expected` (INT8 or FP8), and each fusable attention site fused."""
+    problems = precision_problems(engine, expected)
+    if quantized:
+        problems += selection_problems(engine, quantized, expected)
+    return problems + attention_problems(engine, sites)
+
+
+def _by_onnx_node(engine: EngineLayers) -> dict[str, list[LayerFact]]:
+    where: dict[str, list[LayerFact]] = {}
+    for f in engine.layers:
+        for n in f.onnx_nodes:
+            where.setdefault(n, []).append(f)
+    return where

@@ -1,0 +1,128 @@
+"""What an engine built from an ONNX graph must show: its quantized GEMMs, and its attention sites TensorRT can fuse.
+
+Read from the graph alone (no tensorrt import); vitexport.tensorrt_engine.engine_info checks a built engine against it.
+
+An attention site is Q.K^T -> (Mul/Div) -> Softmax -> .V, the pattern TensorRT's multi-head attention fusion and NVIDIA ModelOpt's ONNX quantizer match
+(`modelopt/onnx/quantization/graph_utils.py`): a MatMul of two activations, at most one Mul or Div by a constant,
+a Softmax, and a MatMul that reads the Softmax (through a Q/DQ pair when the products are quantized). A Cast
+anywhere between them, as in a graph that keeps Softmax in FP32, is no site: TensorRT cannot fuse it.
+
+Whether TensorRT fuses a site into one kernel, as its developer guide lists it ("Multi-Head Attention Fusion";
+quoted in NVIDIA/TensorRT#2981 and #4167): compute capability 7.5 or later; the two products read FP16, BF16 or
+INT8 (FP8 on 8.9 or later); FP16/BF16 head size 16 <= H <= 256 with H % 8 == 0; INT8 head size 16, 32 or 64 and
+sequences of at most 512, with Q/DQ before the first product, after Softmax and after the second. TensorRT may
+still choose not to fuse on performance grounds, so an engine check that fails on an unfused site names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LINEAR_OPS = ("MatMul", "Gemm", "Conv")
+_FLOAT_NAMES = {1: "fp32", 10: "fp16", 16: "bf16"}  # onnx.TensorProto element types of the products' inputs
+_FP8_TYPES = (17, 18, 19, 20)  # FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    bmm1: str  # the Q.K^T MatMul's node name
+    softmax: str
+    bmm2: str  # the Softmax.V MatMul's node name
+    dtype: str  # what the products read: 'fp32' | 'fp16' | 'bf16' | 'int8' | 'fp8' | 'unknown'
+    head_size: int | None  # V's last axis (None: symbolic or not inferred)
+    seq_len: int | None  # the keys' axis (None: symbolic, e.g. a dynamic image size)
+
+    @property
+    def nodes(self) -> tuple[str, str, str]:
+        return self.bmm1, self.softmax, self.bmm2
+
+
+def quantized_gemms(model) -> list[str]:
+    """The names of the GEMM nodes of a Q/DQ graph that read a DequantizeLinear output (the INT8 ones), in order."""
+    dq = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return [n.name for n in model.graph.node if n.op_type in LINEAR_OPS and any(i in dq for i in n.input[:2])]
+
+
+def why_not_fused(site: AttentionSite) -> str | None:
+    """Why TensorRT cannot fuse this site into its multi-head attention kernel, or None when it can."""
+    h = site.head_size
+    if site.dtype in ("fp16", "bf16", "fp8"):
+        if h is None or not (16 <= h <= 256 and h % 8 == 0):
+            return f"head size {h or '?'} is not a multiple of 8 from 16 to 256"
+        return None
+    if site.dtype == "int8":
+        if h not in (16, 32, 64):
+            return f"INT8 head size {h or '?'} is not 16, 32 or 64"
+        if site.seq_len is None or site.seq_len > 512:
+            return f"INT8 sequence length {site.seq_len or '?'} is not at most 512"
+        return None
+    return f"its products read {site.dtype}, not FP16, BF16, INT8 or FP8"
+
+
+def attention_sites(model) -> list[AttentionSite]:
+    """Every Q.K^T -> Softmax -> .V site of an ONNX ModelProto (shapes inferred here when the graph has none)."""
+    import onnx
+
+    graph = model.graph
+    if not graph.value_info:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    consts = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    types = {v.name: v.type.tensor_type for v in [*graph.value_info, *graph.input, *graph.output]}
+    inits = {i.name: i for i in graph.initializer}
+
+    def through_dq(name: str) -> tuple[str, object | None]:
+        """(the tensor before a Q -> DQ pair, the DQ node), or (name, None) when no DQ makes it."""
+        dq = producer.get(name)
+        if dq is not None and dq.op_type == "DequantizeLinear":
+            q = producer.get(dq.input[0])
+            return (q.input[0] if q is not None and q.op_type == "QuantizeLinear" else dq.input[0]), dq
+        return name, None
+
+    def dtype_of(name: str) -> str:
+        src, dq = through_dq(name)
+        if dq is not None:
+            zp = inits.get(dq.input[2]) if len(dq.input) > 2 else None
+            return "fp8" if zp is not None and zp.data_type in _FP8_TYPES else "int8"
+        t = types.get(name)
+        return _FLOAT_NAMES.get(t.elem_type, "unknown") if t is not None else "unknown"
+
+    def dim(name: str, axis: int) -> int | None:
+        t = types.get(name)
+        if t is None or not t.HasField("shape") or len(t.shape.dim) < abs(axis):
+            return None
+        d = t.shape.dim[axis]
+        return d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+
+    sites = []
+    for soft in graph.node:
+        if soft.op_type != "Softmax":
+            continue
+        before = producer.get(soft.input[0])
+        if before is not None and before.op_type in ("Mul", "Div") and any(i in consts for i in before.input):
+            before = producer.get(next(i for i in before.input if i not in consts))
+        if before is None or before.op_type != "MatMul" or any(through_dq(i)[0] in consts for i in before.input):
+            continue
+        after = consumers.get(soft.output[0], [])
+        if len(after) == 1 and after[0].op_type == "QuantizeLinear":  # softmax -> Q -> DQ -> MatMul
+            dqs = consumers.get(after[0].output[0], [])
+            after = consumers.get(dqs[0].output[0], []) if len(dqs) == 1 else []
+        if len(after) != 1 or after[0].op_type != "MatMul" or through_dq(after[0].input[1])[0] in consts:
+            continue
+        bmm2 = after[0]
+        sites.append(AttentionSite(before.name, soft.name, bmm2.name, dtype_of(before.input[0]),
+                                   dim(bmm2.input[1], -1), dim(bmm2.input[1], -2)))
+    return sites
+
+
+def plan_expectations(onnx_path) -> tuple[list[str], list[AttentionSite]]:
+    """What an engine built from this ONNX must show: (the GEMMs its Q/DQ quantize, the attention sites TensorRT can
+    fuse), read without the graph's external data."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return quantized_gemms(model), [s for s in attention_sites(model) if why_not_fused(s) is None]
