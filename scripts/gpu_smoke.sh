@@ -4,13 +4,16 @@
 #
 #   1. PyTorch CUDA rows: each model exported and benched on PyTorch CUDA against PyTorch CPU FP32. Without
 #      TensorRT the script stops here with one sentence (exit 4).
-#   2. TensorRT, per model: `trt --fp16` and `trt --int8` (profile opt batch 32, max 64), then `bench --strict` of
+#   2. TensorRT, per model: `trt --fp16`, `trt --int8` and, on compute capability 8.9 or newer, `trt --fp8`
+#      (profile opt batch 32, max 64), then `bench --strict` of
 #      the PyTorch CUDA and TensorRT rows. It fails when a command fails, a row misses parity (or cannot decide
 #      it), an engine does not load, or an engine does not run as its graph asks (an FP32 GEMM, a quantized GEMM
 #      that fell back to FP16, an attention left unfused: the runner's engine_problems).
 #   3. Speed (scripts/trt_speed.py): the plans timed side by side in interleaved rounds at the opt batch; medians
-#      and round-by-round ratios to FP16. For the models in SPEED_GATE, INT8 below GATE x FP16 fails.
-#   4. One table of every model's plans (throughput, x FP16, accuracy), then the GPU tests.
+#      and round-by-round ratios to FP16. For the models in SPEED_GATE, INT8 or FP8 below GATE x FP16 fails.
+#   4. INT8 again with ModelOpt's Q/DQ placement (`--placement modelopt`) in a copy of the folder, benched and timed
+#      against the same FP16 plan (reported, not gated: which placement is the default is this measurement's).
+#   5. One table of every model's plans (throughput, x FP16, accuracy), then the GPU tests.
 #
 #   bash scripts/gpu_smoke.sh                   # artifacts under ./smoke-models (VITEXPORT_MODELS)
 #   MODELS="vit_digits_patch4_32:32x32" bash scripts/gpu_smoke.sh
@@ -75,12 +78,20 @@ except VitexportError as e:
     sys.exit(str(e))
 print(f"TensorRT {version} on {gpu['name']}", file=sys.stderr)
 PY
+precisions=$(python - <<'PY'
+from vitexport.environment import cuda_gpu
+from vitexport.tensorrt_engine.options import FP8_MIN_CAPABILITY
+cc = tuple(int(p) for p in cuda_gpu()["compute_capability"].split("."))
+print("fp16 int8" + (" fp8" if cc >= FP8_MIN_CAPABILITY else ""))
+PY
+) || fail "the GPU's compute capability"
+printf 'plans to build: %s\n' "$precisions" >&2
 
 speed_files=()
 for entry in $models; do
     variant="${entry%%:*}"
     dir=$(dir_of "$entry")
-    for prec in fp16 int8; do
+    for prec in $precisions; do
         step "$variant: TensorRT $prec engine"
         $vitexport trt "$dir" --model "$variant" --"$prec" --opt-batch "$opt_batch" --max-batch "$max_batch" \
             --timing-cache "$out/timing.cache" -q || fail "$variant: vitexport trt --$prec"
@@ -91,11 +102,11 @@ for entry in $models; do
     $vitexport bench "$dir" --model "$variant" --no-prepare --strict --backend "pytorch cuda" --backend tensorrt \
         --batch 1 --batch "$opt_batch" --json "$dir/bench.json" $(data_for "$variant") \
         || fail "$variant: vitexport bench --strict (parity miss, undecided bound or error)"
-    python - "$dir/bench.json" <<'PY' || fail "$variant: a TensorRT engine did not run, or not as its graph asks"
+    python - "$dir/bench.json" $precisions <<'PY' || fail "$variant: a TensorRT engine did not run, or not as its graph asks"
 import json, sys
 report = json.load(open(sys.argv[1]))
 ok = True
-for prec in ("fp16", "int8"):
+for prec in sys.argv[2:]:
     rows = [r for r in report["results"] if r["backend"] == "tensorrt" and r["precision"] == prec]
     if not rows or not rows[0]["available"]:
         print(f"tensorrt {prec}: not run ({rows[0]['reason'] if rows else 'no result'})", file=sys.stderr)
@@ -113,6 +124,19 @@ PY
     python scripts/trt_speed.py "$dir" --bench "$dir/bench.json" --json "$dir/speed.json" "${gate_args[@]}" >&2 \
         || fail "$variant: TensorRT speed (see above)"
     speed_files+=("$dir/speed.json")
+
+    step "$variant: INT8 with ModelOpt's placement (a copy of the folder: the same FP16 plan beside it)"
+    alt="$dir-modelopt"
+    rm -rf "$alt" && cp -r "$dir" "$alt" || fail "$variant: copying $dir"  # its INT8 graph and plan are remade
+    $vitexport trt "$alt" --model "$variant" --int8 --placement modelopt --opt-batch "$opt_batch" \
+        --max-batch "$max_batch" --timing-cache "$out/timing.cache" -q || fail "$variant: trt --int8 --placement modelopt"
+    # shellcheck disable=SC2046
+    $vitexport bench "$alt" --model "$variant" --no-prepare --strict --backend tensorrt --batch 1 \
+        --batch "$opt_batch" --json "$alt/bench.json" $(data_for "$variant") \
+        || fail "$variant: bench --strict of the ModelOpt-placed INT8 engine"
+    python scripts/trt_speed.py "$alt" --bench "$alt/bench.json" --json "$alt/speed.json" >&2 \
+        || fail "$variant: TensorRT speed with ModelOpt's placement"
+    speed_files+=("$alt/speed.json")
 done
 
 step "every model's TensorRT plans"

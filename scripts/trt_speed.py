@@ -46,6 +46,7 @@ class SpeedRow:
     acc: float | None = None  # top-1 against the labels, when the data had them
     cos_min: float | None = None
     engine_problems: tuple[str, ...] = ()  # runner.info["engine_problems"]: a fallback or an unfused attention
+    placement: str = ""  # INT8: the Q/DQ placement of its graph (manifest), 'vitexport' or 'modelopt'
 
 
 def plans_of(folder: ModelFolder) -> dict[str, dict[str, Any]]:
@@ -110,17 +111,18 @@ def gate_failures(rows: Sequence[SpeedRow], gate: float) -> list[str]:
 
 
 def table(rows: Sequence[SpeedRow]) -> str:
-    """A text table: model, precision, graph, batch, img/s, x FP16 (with its rounds' range), accuracy."""
+    """A text table: model, precision, graph, INT8 placement, batch, img/s, x FP16 (with its rounds' range),
+    accuracy, engine check."""
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.2f}%"
 
-    head = ("model", "precision", "graph", "batch", "img/s", "x FP16 (rounds)", "top-1 agree", "top-1 acc",
+    head = ("model", "precision", "graph", "placement", "batch", "img/s", "x FP16 (rounds)", "top-1 agree", "top-1 acc",
             "cos min", "engine")
     lines = [head]
     for r in rows:
         vs = "1.00" if r.vs_fp16 is None else f"{r.vs_fp16:.2f} ({r.vs_fp16_range[0]:.2f}-{r.vs_fp16_range[1]:.2f})" \
             if r.vs_fp16_range else f"{r.vs_fp16:.2f}"
-        lines.append((r.model, r.precision.upper(), r.source_onnx, str(r.batch), f"{r.throughput:,.0f}", vs,
+        lines.append((r.model, r.precision.upper(), r.source_onnx, r.placement or "-", str(r.batch), f"{r.throughput:,.0f}", vs,
                       pct(r.top1_agree), pct(r.acc), "-" if r.cos_min is None else f"{r.cos_min:.5f}",
                       "ok" if not r.engine_problems else f"{len(r.engine_problems)} problem(s)"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
@@ -153,8 +155,11 @@ def measure(model_dir: Path, rounds: int, iters: int, warmup: int = 10) -> list[
             runner.close()
     model = folder.read_manifest().variant if folder.has_manifest() else folder.path.name
     rows = summarize(model, per_round, opt[0], {p: str(s.get("source_onnx", "?")) for p, s in sidecars.items()})
+    records = folder.read_manifest().precisions if folder.has_manifest() else {}
     for row in rows:
         row.engine_problems = problems[row.precision]
+        if row.precision == "int8" and "int8-trt" in records:
+            row.placement = str((records["int8-trt"].qdq or {}).get("placement", "vitexport"))
     return rows
 
 

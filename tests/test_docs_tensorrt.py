@@ -35,7 +35,7 @@ def test_the_threshold_table_is_the_code():
     header, rows, _ = _table(DOC.read_text())
     assert header[0] == "precision" and set(header[1:]) == set(COLUMNS), header
     documented = {row[0]: {COLUMNS[h]: _value(c) for h, c in zip(header[1:], row[1:])} for row in rows}
-    assert set(documented) == {"fp32", "fp16", "int8"}
+    assert set(documented) == {"fp32", "fp16", "int8", "fp8"}
     for precision, bounds in documented.items():
         code = DEFAULT_THRESHOLDS[precision]
         assert bounds == {f: getattr(code, f) for f in COLUMNS.values()}, (precision, bounds, code)

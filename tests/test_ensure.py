@@ -87,5 +87,5 @@ def test_every_kind_has_a_maker_or_says_so(tiny_default, tmp_path, monkeypatch):
     with pytest.raises(VitexportError, match=r"No step makes model\.fp16\.onnx yet"):
         ensure_artifact(folder, "fp16")
     assert not (folder / "model.fp16.onnx").exists()
-    with pytest.raises(VitexportError, match="Unknown precision 'fp8'"):
-        ensure_artifact(folder, "fp8")
+    with pytest.raises(VitexportError, match="Unknown precision 'int4'"):
+        ensure_artifact(folder, "int4")

@@ -130,10 +130,16 @@ def test_bad_input_one_sentence(in_tmp, args, needle):
     assert _no_onnx_left(in_tmp)
 
 
-def test_failed_parity_keeps_previous_model(in_tmp, monkeypatch):
-    ok = _run("onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-q")
-    assert ok.exit_code == 0
-    path = in_tmp / "models" / "vit_tiny_patch16_224-32x32" / "model.onnx"
+def _tiny_copy(tiny_default, in_tmp):
+    """The session's tiny export, copied to in_tmp's default folder (an export of its own takes ~10 s)."""
+    import shutil
+
+    shutil.copytree(tiny_default / "models", in_tmp / "models", ignore=shutil.ignore_patterns(LOCK_NAME))
+    return in_tmp / "models" / "vit_tiny_patch16_224-32x32"
+
+
+def test_failed_parity_keeps_previous_model(in_tmp, tiny_default, monkeypatch):
+    path = _tiny_copy(tiny_default, in_tmp) / "model.onnx"
     before = path.read_bytes()
     import vitexport.export.check as check
     real = check.compare
@@ -147,8 +153,8 @@ def test_failed_parity_keeps_previous_model(in_tmp, monkeypatch):
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]  # no temporary
 
 
-def test_other_checkpoint_needs_force(in_tmp):
-    assert _run("onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-q").exit_code == 0
+def test_other_checkpoint_needs_force(in_tmp, tiny_default):
+    _tiny_copy(tiny_default, in_tmp)
     from timm.models.vision_transformer import VisionTransformer as TimmViT
     torch.save(TimmViT(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3).state_dict(), in_tmp / "w.pth")
     r = CliRunner().invoke(cli, ["onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-c", "w.pth", "-q"])

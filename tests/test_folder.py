@@ -15,15 +15,17 @@ def test_paths_of_every_artifact(tmp_path):
     f = ModelFolder(tmp_path)
     assert f.manifest_path == tmp_path / "manifest.json"
     assert [f.onnx(k).name for k in ARTIFACTS] == ["model.onnx", "model.fp16.onnx", "model.fp16.trt.onnx",
-                                                   "model.int8.onnx", "model.int8.trt.onnx", "model.openvino.fp32.xml",
+                                                   "model.int8.onnx", "model.int8.trt.onnx", "model.fp8.onnx", "model.openvino.fp32.xml",
                                                    "model.openvino.fp16.xml", "model.openvino.int8.xml"]
     assert f.ir_weights("openvino-int8") == tmp_path / "model.openvino.int8.bin"
     assert f.rejected("openvino-fp16") == tmp_path / "model.openvino.fp16.rejected.xml"
     assert {"model.openvino.fp32.xml", "model.openvino.fp32.bin"} <= {p.name for p in f.derived_files()}
-    assert [f.plan(p).name for p in PLAN_SOURCE] == ["model.fp32.plan", "model.fp16.plan", "model.int8.plan"]
+    assert [f.plan(p).name for p in PLAN_SOURCE] == ["model.fp32.plan", "model.fp16.plan", "model.int8.plan",
+                                                     "model.fp8.plan"]
     assert f.sidecar("int8") == tmp_path / "model.int8.plan.json"
     assert {p: f.plan_source(p).name for p in PLAN_SOURCE} == {
-        "fp32": "model.onnx", "fp16": "model.fp16.trt.onnx", "int8": "model.int8.trt.onnx"}
+        "fp32": "model.onnx", "fp16": "model.fp16.trt.onnx", "int8": "model.int8.trt.onnx",
+        "fp8": "model.fp8.onnx"}
     assert f.rejected("fp16") == tmp_path / "model.fp16.rejected.onnx"
     assert f.rejected("int8-trt") == tmp_path / "model.int8.trt.rejected.onnx"
     assert f.calib_cache("abc") == tmp_path / "calib-cache" / "abc.json"

@@ -240,3 +240,60 @@ def test_provider_rows_are_skipped_when_the_majors_differ(needed, installed, ski
         assert why == (f"onnxruntime 1.31.1's TensorRT provider is built against TensorRT {needed} "
                        f"(libnvinfer.so.{needed}); this machine has TensorRT {installed}, so its rows are skipped "
                        f"(vitexport's own TensorRT rows run it)")
+
+
+# -- ModelOpt's INT8 placement (--placement modelopt) -------------------------------------------------------------
+
+def test_modelopt_placement_adds_attention_layernorm_and_residual_inputs(graphs, tmp_path):
+    """The rules read from ModelOpt 0.47's INT8 output on this model (docs/TENSORRT.md): both attention products,
+    the residual stream where it enters a block's LayerNorm, the GEMM branch of the residual Adds but the first."""
+    from vitexport.precision.placement import modelopt_selection
+    from vitexport.precision.qdq import insert_qdq_from, qdq_sources
+
+    fp32 = _load(graphs["fp32"])
+    sel = modelopt_selection(fp32, set())
+    ops = {n.name: n for n in fp32.graph.node}
+    norms = {n for n in sel.nodes if ops[n].op_type == "LayerNormalization"}
+    adds = {n for n in sel.nodes if ops[n].op_type == "Add"}
+    assert norms == {f"blocks.{b}.norm2/LayerNormalization" for b in range(4)} | \
+        {f"blocks.{b}.norm1/LayerNormalization" for b in range(1, 4)}  # not block 0's norm1, not the final norm
+    assert adds == {f"blocks.{b}/Add_1" for b in range(4)} | {f"blocks.{b}/Add" for b in range(1, 4)}
+    for name in adds:  # the input that comes from the block's last GEMM (through its bias Add), not the skip
+        (k,) = sel.inputs[name]
+        branch = ops[name].input[k]
+        producer = next(n for n in fp32.graph.node if branch in n.output)
+        assert producer.name.endswith(("attn.proj/Add", "mlp.fc2/Add")), (name, producer.name)
+    products = {n for s in attention_sites(fp32) for n in (s.bmm1, s.bmm2)}
+    assert products <= set(sel.nodes) and all(n not in sel.inputs for n in products)  # both inputs
+    # written: the TensorRT FP16 graph plus Q/DQ, valid, and the engine check expects the products in INT8
+    amax = {t: 1.0 for t in sel.activations}
+    gemms, model16 = qdq_sources(graphs["fp32"], sel, fp16=True)
+    model = insert_qdq_from(gemms, model16, sel, amax)
+    onnx.save(model, tmp_path / "mo.onnx")
+    onnx.checker.check_model(str(tmp_path / "mo.onnx"), full_check=True)
+    fp16 = _load(graphs["fp16-trt"])
+    assert sorted((n.name, n.op_type) for n in model.graph.node if n.op_type not in QDQ) == \
+        sorted((n.name, n.op_type) for n in fp16.graph.node)
+    quantized, sites = plan_expectations(tmp_path / "mo.onnx")
+    assert products <= set(quantized) and {s.dtype for s in sites} == {"int8"}
+    dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    for name in norms:  # the norm reads the quantized stream; the skip input of the next residual Add does not
+        assert next(n for n in model.graph.node if n.name == name).input[0] in dq
+
+
+def test_the_placement_is_recorded_and_a_change_remakes_the_graph(graphs):
+    from vitexport.artifacts.folder import ModelFolder
+    from vitexport.precision.prepare import run_quantize, stale_reason
+    from vitexport.precision.settings import CalibOptions, Int8Settings
+
+    folder = ModelFolder(graphs["fp32"].parent)  # the export of the module's fixture
+    mo = CalibOptions(samples=16, check=False, int8=Int8Settings(placement="modelopt"))
+    default = CalibOptions(samples=16, check=False)
+    run_quantize(folder, "int8-trt", mo)
+    assert folder.read_manifest().precisions["int8-trt"].qdq["placement"] == "modelopt"
+    assert stale_reason(folder, "int8-trt", mo) is None
+    assert stale_reason(folder, "int8-trt", default) == "model.int8.trt.onnx was made with other options: making it again."
+    run_quantize(folder, "int8-trt", default)
+    record = folder.read_manifest().precisions["int8-trt"]
+    assert record.qdq["placement"] == "vitexport" and record.qdq["quantized_gemms"] == 17
+    assert len(list(folder.calib_cache("x").parent.glob("*.json"))) == 2  # ModelOpt's tensors: their own entry

@@ -110,7 +110,7 @@ def test_the_defaults_are_the_ones_docs_parity_states():
     text = (ROOT / "docs" / "PARITY.md").read_text()
     rows = {}
     for line in text.splitlines():
-        m = re.match(r"\| (fp32|bf16|fp16|int8)\b[^|]*\|(.*)\|\s*$", line)
+        m = re.match(r"\| (fp32|bf16|fp16|int8|fp8)\b[^|]*\|(.*)\|\s*$", line)
         if m and m.group(1) not in rows:
             rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
 

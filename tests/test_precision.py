@@ -296,3 +296,25 @@ def test_an_int8_file_with_8_bit_weights_is_stale_everywhere_and_remade(digits, 
     weights = [numpy_helper.to_array(i) for i in onnx.load(str(folder / "model.int8.onnx")).graph.initializer
                if i.data_type == onnx.TensorProto.INT8 and len(i.dims) > 1]
     assert max(int(np.abs(w).max()) for w in weights) == 63
+
+
+def test_int8_of_a_model_in_external_data_is_the_int8_of_the_inline_one(tmp_path, monkeypatch):
+    """A model over protobuf's 2 GB cap (shown by lowering the cap) is calibrated with its weights left in external
+    data and gets both INT8 graphs and the FP8 one, equal tensor for tensor to those of the same model stored
+    inline."""
+    import vitexport.export.to_onnx as to_onnx
+
+    inline = run_export(ModelSpec(variant=DIGITS_VARIANT), output=tmp_path / "inline").folder
+    monkeypatch.setattr(to_onnx, "PROTOBUF_LIMIT", 1024)
+    external = run_export(ModelSpec(variant=DIGITS_VARIANT), output=tmp_path / "external").folder
+    assert external.external_data().is_file() and not inline.external_data().exists()
+    opts = CalibOptions(samples=40, check=False)  # equal to the inline graphs, whose checks the tests above run
+    for kind in ("int8", "int8-trt", "fp8"):
+        a, b = (run_quantize(f, kind, opts) for f in (inline, external))
+        onnx.checker.check_model(str(b.onnx_path), full_check=True)
+        ma, mb = onnx.load(str(a.onnx_path)), onnx.load(str(b.onnx_path))
+        assert not any(i.external_data for i in mb.graph.initializer)  # 8-bit weights fit in one file
+        assert [(n.op_type, list(n.input)) for n in ma.graph.node] == [(n.op_type, list(n.input)) for n in mb.graph.node]
+        wa = {i.name: numpy_helper.to_array(i) for i in ma.graph.initializer}
+        wb = {i.name: numpy_helper.to_array(i) for i in mb.graph.initializer}
+        assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa), kind

@@ -165,7 +165,7 @@ def test_check_batch():
 
 def test_output_naming(tmp_path):
     folder = ModelFolder(tmp_path)
-    for p in ("fp32", "fp16", "int8"):
+    for p in ("fp32", "fp16", "int8", "fp8"):
         plan, side = folder.plan(p), folder.sidecar(p)
         assert plan == tmp_path / f"model.{p}.plan"
         assert side == tmp_path / f"model.{p}.plan.json"
@@ -173,9 +173,10 @@ def test_output_naming(tmp_path):
     assert folder.plan_source("fp32") == tmp_path / "model.onnx"
     assert folder.plan_source("fp16") == tmp_path / "model.fp16.trt.onnx"  # every op FP16: what TensorRT fuses
     assert folder.plan_source("int8") == tmp_path / "model.int8.trt.onnx"  # the INT8 graph shaped for TensorRT
+    assert folder.plan_source("fp8") == tmp_path / "model.fp8.onnx"
     assert precision_from_plan_name(Path("weird.plan")) is None
     with pytest.raises(VitexportError, match="Unknown precision"):
-        folder.plan("fp8")
+        folder.plan("int4")
     with pytest.raises(VitexportError, match="Unknown precision"):
         folder.plan_source("bf16")
 

@@ -98,13 +98,15 @@ def test_accuracy_comes_from_the_benchs_tensorrt_rows_and_the_table_shows_it():
     assert [(r.top1_agree, r.acc) for r in rows] == [(0.999, 0.9812), (0.995, 0.9801)]
     rows[1].engine_problems = ("quantized GEMM 'fc1' runs in fp16",)
     lines = script.table(rows).splitlines()
-    assert lines[0].split() == ["model", "precision", "graph", "batch", "img/s", "x", "FP16", "(rounds)", "top-1",
-                                "agree", "top-1", "acc", "cos", "min", "engine"]
-    assert lines[1].split() == ["digits", "FP16", "a.onnx", "32", "16,000", "1.00", "99.90%", "98.12%", "0.99991",
-                                "ok"]
+    rows[1].placement = "modelopt"
+    lines = script.table(rows).splitlines()
+    assert lines[0].split() == ["model", "precision", "graph", "placement", "batch", "img/s", "x", "FP16", "(rounds)",
+                                "top-1", "agree", "top-1", "acc", "cos", "min", "engine"]
+    assert lines[1].split() == ["digits", "FP16", "a.onnx", "-", "32", "16,000", "1.00", "99.90%", "98.12%",
+                                "0.99991", "ok"]
     # INT8: 2/1 = 2.0 and 2/1.6 = 1.25 in its rounds, median 1.625; 1.3 ms median -> 24,615 img/s
-    assert lines[2].split() == ["digits", "INT8", "?", "32", "24,615", "1.62", "(1.25-2.00)", "99.50%", "98.01%",
-                                "0.99712", "1", "problem(s)"]
+    assert lines[2].split() == ["digits", "INT8", "?", "modelopt", "32", "24,615", "1.62", "(1.25-2.00)", "99.50%",
+                                "98.01%", "0.99712", "1", "problem(s)"]
 
 
 def test_the_plans_of_a_folder(tmp_path):

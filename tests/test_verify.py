@@ -259,8 +259,9 @@ def test_check_folder_lists_every_kind_and_plan_in_order(folder):
     checks = check_folder(mf, manifest)
     assert [c.kind for c in checks] == list(ARTIFACTS) + [f"plan:{p}" for p in PLAN_PRECISIONS]
     assert {c.kind: c.status for c in checks} == {
-        "fp32": OK, "fp16": OK, "fp16-trt": MISSING, "int8": OK, "int8-trt": MISSING, "openvino-fp32": OK, "openvino-fp16": MISSING,
-        "openvino-int8": MISSING, "plan:fp32": MISSING, "plan:fp16": MISSING, "plan:int8": MISSING}
+        "fp32": OK, "fp16": OK, "fp16-trt": MISSING, "int8": OK, "int8-trt": MISSING, "fp8": MISSING,
+        "openvino-fp32": OK, "openvino-fp16": MISSING, "openvino-int8": MISSING,
+        "plan:fp32": MISSING, "plan:fp16": MISSING, "plan:int8": MISSING, "plan:fp8": MISSING}
 
 
 def test_require_gives_the_path_or_the_sentence(folder):
@@ -277,7 +278,7 @@ def test_require_gives_the_path_or_the_sentence(folder):
     assert str(e.value) == f"{mf.plan('fp16')} is missing; rebuild it with `vitexport trt {mf.path} --fp16`."
     with pytest.raises(VitexportError) as e:
         require(mf, "plan:fp16:x")  # everything after the first colon is the precision
-    assert str(e.value) == "Unknown precision 'fp16:x'; choose one of: fp32, fp16, int8."
+    assert str(e.value) == "Unknown precision 'fp16:x'; choose one of: fp32, fp16, int8, fp8."
 
 
 def test_without_a_manifest_given_the_folders_own_is_read(folder):

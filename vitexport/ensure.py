@@ -40,6 +40,7 @@ MAKERS: dict[str, Maker] = {
     "fp16-trt": run_quantize,
     "int8": run_quantize,
     "int8-trt": run_quantize,
+    "fp8": run_quantize,
     **{kind: make_ir for kind in IR_SOURCE},  # OpenVINO IR, converted from the ONNX kind IR_SOURCE[kind]
 }
 # kinds made from another ONNX kind than the export (made sure of first), and how their currency is judged

@@ -8,8 +8,9 @@
         model.int8.onnx            Q/DQ INT8 with an FP32 remainder, for CPU runtimes
         model.fp16.trt.onnx        FP16 shaped for TensorRT: every op in FP16, FP32 inputs/outputs
         model.int8.trt.onnx        INT8 shaped for TensorRT: that FP16 graph with Q/DQ on the GEMM inputs
-        model.<fp32|fp16|int8>.plan       TensorRT engines ...
-        model.<fp32|fp16|int8>.plan.json  ... and their sidecars
+        model.fp8.onnx             FP8 (E4M3) shaped for TensorRT on Hopper/Ada: that FP16 graph with FP8 Q/DQ
+        model.<fp32|fp16|int8|fp8>.plan       TensorRT engines ...
+        model.<fp32|fp16|int8|fp8>.plan.json  ... and their sidecars
         model.openvino.<fp32|fp16|int8>.xml/.bin  OpenVINO IR, converted from the ONNX named in IR_SOURCE
         model.<kind>.rejected.onnx a conversion that failed its parity check, kept for inspection
         calib-cache/<key>.json     calibration ranges, addressed by what they were computed from
@@ -46,7 +47,7 @@ class ArtifactKind:
 
     name: str  # how commands, records and PLAN_SOURCE refer to it
     filename: str  # its file in the folder (fp32: the default; the manifest's name wins)
-    precision: str  # the arithmetic its graph asks for: 'fp32' | 'fp16' | 'int8'
+    precision: str  # the arithmetic its graph asks for: 'fp32' | 'fp16' | 'int8' | 'fp8'
     made_by: str  # the command that writes it, for messages
 
 
@@ -58,6 +59,8 @@ ARTIFACTS: dict[str, ArtifactKind] = {k.name: k for k in [
     ArtifactKind("int8", "model.int8.onnx", "int8", "vitexport quantize --int8"),  # GEMM-input Q/DQ, FP32 rest: CPUs
     ArtifactKind("int8-trt", "model.int8.trt.onnx", "int8",  # GEMM-input Q/DQ, FP16 rest + FP16 scales: TensorRT
                  "vitexport quantize --int8 --target tensorrt"),
+    ArtifactKind("fp8", "model.fp8.onnx", "fp8",  # FP8 Q/DQ on GEMM and attention inputs, FP16 rest: TensorRT
+                 "vitexport quantize --fp8"),
     ArtifactKind("openvino-fp32", "model.openvino.fp32.xml", "fp32", "vitexport openvino --precision fp32"),
     ArtifactKind("openvino-fp16", "model.openvino.fp16.xml", "fp16",  # weights stored in FP16
                  "vitexport openvino --precision fp16"),
@@ -70,7 +73,7 @@ IR_SOURCE: dict[str, str] = {"openvino-fp32": "fp32", "openvino-fp16": "fp32", "
 # TensorRT engines: plan precision -> the ARTIFACTS kind it is built from. The FP16 and INT8 plans are built from
 # graphs that differ only in the GEMMs' precision (int8-trt is fp16-trt with Q/DQ), so their speed compares the
 # GEMMs alone; model.fp16.onnx keeps Softmax in FP32, which breaks TensorRT's attention fusion (docs/TENSORRT.md)
-PLAN_SOURCE: dict[str, str] = {"fp32": "fp32", "fp16": "fp16-trt", "int8": "int8-trt"}
+PLAN_SOURCE: dict[str, str] = {"fp32": "fp32", "fp16": "fp16-trt", "int8": "int8-trt", "fp8": "fp8"}
 PLAN_PRECISIONS = tuple(PLAN_SOURCE)
 
 

@@ -29,9 +29,9 @@ class OrtRunner(Runner):
         super().__init__()
         self.path, self.precision, self.ep, self.threads = Path(path), precision, ep, threads
         self.kind = kind or precision  # the folder's artifact kind ('int8-trt'): names the row
-        # the TensorRT-shaped INT8 graph computes in FP16 between its GEMMs: on the CPU provider that is
-        # emulated, so its row gives accuracy, not speed
-        self.timed = not (ep == "cpu" and self.kind == "int8-trt")
+        # the TensorRT-shaped INT8 and FP8 graphs compute in FP16 between their GEMMs (FP8 itself is fake
+        # quantization there): on the CPU provider that is emulated, so their rows give accuracy, not speed
+        self.timed = not (ep == "cpu" and self.kind in ("int8-trt", "fp8"))
         self.device = "cpu" if ep == "cpu" else "cuda"
         self.provider = PROVIDERS[ep].replace("ExecutionProvider", "")
         self.input_name, self.output_name = input_name, output_name
@@ -67,11 +67,12 @@ class OrtRunner(Runner):
                 why = trt_provider_mismatch(provider_nvinfer_major(), tensorrt_version(), ort.__version__)
                 if why:
                     raise BackendUnavailable(why)
-        from .ort_session import create_session
+        from .ort_session import create_session, optimization_for
 
         providers = [wanted] if self.ep == "cpu" else [wanted, "CPUExecutionProvider"]
         try:
-            self.session = create_session(self.path, providers, self.threads)
+            self.session = create_session(self.path, providers, self.threads,
+                                          optimize=optimization_for(self.precision))
         except VitexportError as e:
             raise BackendUnavailable(str(e)) from None
         active = self.session.get_providers()

@@ -8,11 +8,21 @@ from pathlib import Path
 from ..errors import VitexportError, first_line
 
 
+def optimization_for(precision: str) -> str:
+    """How far ONNX Runtime may rewrite a graph of this precision before running it: 'all', or 'basic' for FP8.
+
+    With its extended (Q/DQ) optimizations ONNX Runtime 1.31 breaks an FP8 Q/DQ graph on the CPU: it fuses an FP8
+    DequantizeLinear into MatMulIntegerToFloat, which takes no FP8 input, or moves a Q above a Squeeze it has no FP8
+    kernel for. The basic level (constant folding, redundant nodes) runs it as the graph says: fake quantization.
+    """
+    return "basic" if precision == "fp8" else "all"
+
+
 def create_session(path: Path | str | bytes, providers: list[str] | None = None, threads: int | None = None,
-                   external_folder: Path | None = None):
+                   external_folder: Path | None = None, optimize: str = "all"):
     """A session on a model file, or on a serialized model (bytes: e.g. a graph rewritten in memory). A serialized
     graph whose weights stay in external data names the folder they are read from (`external_folder`), so a model
-    over protobuf's 2 GB cap is never serialized whole."""
+    over protobuf's 2 GB cap is never serialized whole. optimize: 'all' or 'basic' (optimization_for)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -21,7 +31,8 @@ def create_session(path: Path | str | bytes, providers: list[str] | None = None,
         so.intra_op_num_threads = threads
     if external_folder is not None:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", os.fspath(external_folder))
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimize == "basic"
+                                   else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     try:
         model = path if isinstance(path, bytes) else os.fspath(path)
         return ort.InferenceSession(model, sess_options=so, providers=providers or ["CPUExecutionProvider"])

@@ -37,9 +37,9 @@ PREPARED_KINDS = ("fp16", "int8", "int8-trt")  # ONNX kinds the bench makes when
 GPU_PREPARED_KINDS = ("fp16-trt",)  # ... and, with a CUDA GPU, for ONNX Runtime's TensorRT provider
 # ONNX kinds each ONNX Runtime provider runs: each INT8 graph where it belongs (the TensorRT-shaped one on the CPU
 # for its accuracy only: FP16 is emulated there, so that row is not timed)
-ORT_KINDS = {"cpu": ("fp32", "fp16", "int8", "int8-trt"), "cuda": ("fp32", "fp16", "int8"),
+ORT_KINDS = {"cpu": ("fp32", "fp16", "int8", "int8-trt", "fp8"), "cuda": ("fp32", "fp16", "int8"),
              "tensorrt": ("fp32", "fp16-trt", "int8-trt")}
-PLAN_ORDER = ("fp16", "int8", "fp32")  # TensorRT plans, in the order they are run and listed
+PLAN_ORDER = ("fp16", "int8", "fp8", "fp32")  # TensorRT plans, in the order they are run and listed
 # OpenVINO CPU rows: row precision -> the ONNX kind it reads (bf16: the FP32 graph, OpenVINO's bf16 inference precision)
 OPENVINO_ROWS = {"fp32": "fp32", "bf16": "fp32", "int8": "int8"}
 

@@ -23,7 +23,14 @@ from ..errors import VitexportError
 from ..model.posembed import DEFAULT_INTERPOLATION, INTERPOLATIONS
 from ..model.spec import user_spec
 from ..model.variants import DEFAULT_VARIANT, VARIANTS, parse_img_size
-from ..precision.settings import CALIB_METHODS, DEFAULT_KEEP_FP32, DEFAULT_PERCENTILE, CalibOptions, Int8Settings
+from ..precision.settings import (
+    CALIB_METHODS,
+    DEFAULT_KEEP_FP32,
+    DEFAULT_PERCENTILE,
+    PLACEMENTS,
+    CalibOptions,
+    Int8Settings,
+)
 from ..progress import Log
 from .failures import UserError, to_click  # noqa: F401 - UserError: commands raise it from here
 
@@ -220,6 +227,9 @@ CALIB = OptionGroup(
         opt("--percentile", type=click.FloatRange(0, 100, min_open=True), default=DEFAULT_PERCENTILE,
              show_default=True, help="Percentile for --calib-method percentile."),
         opt("--quantize-attention", is_flag=True, help="Also quantize the attention matrix products (Q.K^T, A.V)."),
+        opt("--placement", type=click.Choice(PLACEMENTS), default="vitexport", show_default=True,
+            help="INT8 for TensorRT: where the Q/DQ go: the weight GEMMs' inputs, or ModelOpt's placement (also "
+                 "the attention products, the LayerNorm inputs and the residual Adds)."),
         opt("--exclude-node", multiple=True, help="Keep this node in float (repeatable)."),
         opt("--exclude-block", type=int, multiple=True, help="Keep transformer block N in float (repeatable)."),
         opt("--keep-fp32", default=",".join(DEFAULT_KEEP_FP32), show_default=True, metavar="OP[,OP]",
@@ -228,11 +238,11 @@ CALIB = OptionGroup(
              help="Held-out images for the parity check. Default: the shipped held-out set."),
         opt("--no-check", is_flag=True, help="Skip the parity check against FP32."),
     ],
-    lambda calib_data, calib_samples, calib_method, percentile, quantize_attention, exclude_node, exclude_block,
-    keep_fp32, check_data, no_check: CalibOptions(
+    lambda calib_data, calib_samples, calib_method, percentile, quantize_attention, placement, exclude_node,
+    exclude_block, keep_fp32, check_data, no_check: CalibOptions(
         data=calib_data, samples=calib_samples,
         int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
-                          exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block)),
+                          exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block), placement=placement),
         keep_fp32=tuple(op.strip() for op in keep_fp32.split(",") if op.strip()),
         check=not no_check, check_data=check_data),
 )

@@ -1,4 +1,5 @@
-"""`vitexport quantize --fp16 | --int8 [--target cpu|tensorrt|all]`: precision in the ONNX graph, checked vs FP32."""
+"""`vitexport quantize --fp16 | --int8 [--target cpu|tensorrt|all] | --fp8`: precision in the ONNX graph, checked vs
+FP32."""
 
 from __future__ import annotations
 
@@ -8,30 +9,33 @@ from .groups import CALIB, MODEL, QUIET, TARGET, one_flag, use
 
 # --target -> the ONNX kinds made, per precision: the graph for CPU runtimes, the one shaped for TensorRT, or both
 TARGETS = {"fp16": {"cpu": ("fp16",), "tensorrt": ("fp16-trt",), "all": ("fp16", "fp16-trt")},
-           "int8": {"cpu": ("int8",), "tensorrt": ("int8-trt",), "all": ("int8", "int8-trt")}}
+           "int8": {"cpu": ("int8",), "tensorrt": ("int8-trt",), "all": ("int8", "int8-trt")},
+           "fp8": {"cpu": ("fp8",), "tensorrt": ("fp8",), "all": ("fp8",)}}  # one FP8 graph: TensorRT's
 
 
 @click.command("quantize")
 @click.option("--fp16", is_flag=True, help="Mixed FP16, FP32 inputs/outputs.")
 @click.option("--int8", is_flag=True, help="Symmetric INT8 Q/DQ from calibration.")
+@click.option("--fp8", is_flag=True, help="FP8 (E4M3) Q/DQ from calibration, shaped for TensorRT on Hopper/Ada "
+                                          "(ONNX Runtime's CPU provider runs it too, for its accuracy).")
 @click.option("--target", "graph_target", type=click.Choice(list(TARGETS["int8"])), default="cpu",
               show_default=True,
               help="The graph for CPU runtimes (FP16: LayerNorm and Softmax in FP32; INT8: FP32 between the INT8 "
                    "GEMMs), the one shaped for TensorRT (every other op in FP16), or both (INT8: from one "
                    "calibration).")
 @use(TARGET, MODEL, CALIB, QUIET)
-def quantize_command(fp16, int8, graph_target, target, spec, calib, log):
-    """Write model.fp16.onnx, model.int8.onnx (or, with --target tensorrt, model.fp16.trt.onnx, model.int8.trt.onnx)
-    beside an exported model, checked against FP32.
+def quantize_command(fp16, int8, fp8, graph_target, target, spec, calib, log):
+    """Write model.fp16.onnx, model.int8.onnx (or, with --target tensorrt, model.fp16.trt.onnx, model.int8.trt.onnx),
+    or model.fp8.onnx beside an exported model, checked against FP32.
 
     MODEL_DIR is an exported model folder (or its model.onnx). Without it, the folder of --model
     (default: the default model) is used, exported first if absent.
     """
-    precision = one_flag(fp16=fp16, int8=int8)
+    precision = one_flag(fp16=fp16, int8=int8, fp8=fp8)
     if precision is None:
-        raise click.UsageError("Choose --fp16 or --int8.")
+        raise click.UsageError("Choose --fp16, --int8 or --fp8.")
     if precision == "fp16" and (calib.data or calib.samples):
-        log.warn("--calib-data/--calib-samples only matter for --int8; FP16 needs no calibration.")
+        log.warn("--calib-data/--calib-samples only matter for --int8 and --fp8; FP16 needs no calibration.")
     kinds = TARGETS[precision][graph_target]
     from ..ensure import ensure_artifact
 

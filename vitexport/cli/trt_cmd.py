@@ -1,4 +1,4 @@
-"""`vitexport trt --fp16 | --int8 | --fp32`: precision step (if needed), then a TensorRT engine."""
+"""`vitexport trt --fp16 | --int8 | --fp8 | --fp32`: precision step (if needed), then a TensorRT engine."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ BUILD = OptionGroup(
     lambda: [
         opt("--fp16", is_flag=True, help="Mixed FP16 engine (default)."),
         opt("--int8", is_flag=True, help="INT8 engine from the Q/DQ ONNX."),
+        opt("--fp8", is_flag=True, help="FP8 (E4M3) engine from the FP8 Q/DQ ONNX; compute capability 8.9 or newer "
+                                        "(Ada, Hopper)."),
         opt("--fp32", is_flag=True, help="FP32 reference engine (TF32 off)."),
         opt("--min-batch", type=click.IntRange(min=1), default=1, show_default=True),
         opt("--opt-batch", type=click.IntRange(min=1), default=8, show_default=True),
@@ -24,8 +26,8 @@ BUILD = OptionGroup(
             help="Timing cache file: loaded when present, saved after the build."),
         opt("--opt-level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (0-5)."),
     ],
-    lambda fp16, int8, fp32, min_batch, opt_batch, max_batch, workspace, timing_cache, opt_level: BuildOptions(
-        precision=one_flag("fp16", fp16=fp16, int8=int8, fp32=fp32), min_batch=min_batch, opt_batch=opt_batch,
+    lambda fp16, int8, fp8, fp32, min_batch, opt_batch, max_batch, workspace, timing_cache, opt_level: BuildOptions(
+        precision=one_flag("fp16", fp16=fp16, int8=int8, fp8=fp8, fp32=fp32), min_batch=min_batch, opt_batch=opt_batch,
         max_batch=max_batch, workspace_gib=workspace, timing_cache=timing_cache, opt_level=opt_level).validate(),
 )
 
@@ -44,9 +46,9 @@ TRT_LOG = OptionGroup(
 @click.command("trt")
 @use(BUILD, TARGET, MODEL, CALIB, TRT_LOG, QUIET)
 def trt_command(build, target, spec, calib, trt_log, log):
-    """Compile the FP16/INT8/FP32 ONNX into model.<precision>.plan with a sidecar JSON.
+    """Compile the FP16/INT8/FP8/FP32 ONNX into model.<precision>.plan with a sidecar JSON.
 
-    The FP16/INT8 ONNX is made first when missing (same options as `vitexport quantize`). Without
+    The FP16/INT8/FP8 ONNX is made first when missing (same options as `vitexport quantize`). Without
     TensorRT the command still writes it, then exits 4 (TensorRT not installed) or 5 (no CUDA GPU).
     """
     from ..ensure import build_plan

@@ -116,6 +116,7 @@ DEFAULT_THRESHOLDS: dict[str, Thresholds] = {
     "bf16": Thresholds(cos_min=0.99, cos_mean=0.995, acc_drop=1.0),
     "fp16": Thresholds(cos_min=0.999, cos_mean=0.9995, acc_drop=0.5),
     "int8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5),
+    "fp8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5),  # 8 bits too: INT8's bounds
 }
 
 

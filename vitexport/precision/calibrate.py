@@ -148,6 +148,27 @@ class _Collector:
         return self.hist.entropy_amax()
 
 
+ACTIVATION_BUDGET = 512 * 2**20  # bytes of calibrated activations one run may return (a ViT-B/16 batch of 8: 0.4 GB)
+
+
+def calibration_batch(model_path: Path, tensors: list[str], largest: int, budget: int = ACTIVATION_BUDGET) -> int:
+    """Images per calibration run: `largest`, or fewer when one image's calibrated activations are so large that
+    a batch would exceed `budget` (ViT-H/14: about 290 MB an image), so memory stays bounded by the model's size."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    graph = model.graph if model.graph.value_info else onnx.shape_inference.infer_shapes(model).graph
+    shapes = {v.name: v.type.tensor_type.shape for v in [*graph.value_info, *graph.input]}
+    per_image = 0
+    for name in tensors:
+        shape = shapes.get(name)
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in shape.dim[1:]] if shape is not None else []
+        if not dims or 0 in dims:
+            return largest  # a size not known before running: the default
+        per_image += 4 * math.prod(dims)
+    return max(1, min(largest, budget // max(per_image, 1)))
+
+
 @dataclass
 class CalibrationStats:
     amax: dict[str, float]  # tensor name -> symmetric range (scale = amax / 127)
@@ -156,10 +177,12 @@ class CalibrationStats:
 
 
 def observed_model_bytes(model_path: Path, tensors: list[str]) -> bytes:
-    """The FP32 model with `tensors` added as graph outputs, serialized (ONNX Runtime loads it from memory)."""
+    """The FP32 model with `tensors` added as graph outputs, serialized (ONNX Runtime loads it from memory). Weights
+    in external data stay there: ONNX Runtime reads them from the model's folder (create_session's external_folder),
+    so the bytes are the graph alone, whatever the model's size."""
     import onnx
 
-    model = onnx.load(str(model_path))
+    model = onnx.load(str(model_path), load_external_data=False)
     known = {o.name for o in model.graph.output}
     types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
@@ -181,7 +204,8 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
     if not 0 < percentile <= 100:
         raise VitexportError(f"The calibration percentile must be in (0, 100], got {percentile}.")
     t0 = time.perf_counter()
-    sess = create_session(observed_model_bytes(Path(model_path), tensors), threads=threads)
+    sess = create_session(observed_model_bytes(Path(model_path), tensors), threads=threads,
+                          external_folder=Path(model_path).parent)
     collectors = {t: _Collector(method, percentile) for t in tensors}
     n = 0
     for x in batches:

@@ -18,7 +18,8 @@ QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 
 
 def graph_precision(path: Path) -> str:
-    """'int8' if the graph has Q/DQ nodes, 'fp16' if it computes in float16, else 'fp32'."""
+    """'fp8' or 'int8' if the graph has Q/DQ nodes (by their zero points' type), 'fp16' if it computes in float16,
+    else 'fp32'."""
     import onnx
 
     try:
@@ -27,7 +28,9 @@ def graph_precision(path: Path) -> str:
         raise VitexportError(f"{path} is not a readable ONNX model.") from None
     ops = {n.op_type for n in model.graph.node}
     if ops & set(QDQ_OPS):
-        return "int8"
+        fp8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2,
+               onnx.TensorProto.FLOAT8E5M2FNUZ}
+        return "fp8" if any(i.data_type in fp8 for i in model.graph.initializer) else "int8"
     if any(init.data_type == onnx.TensorProto.FLOAT16 for init in model.graph.initializer) or \
             any(n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
                 for n in model.graph.node):
@@ -35,39 +38,116 @@ def graph_precision(path: Path) -> str:
     return "fp32"
 
 
-def to_fp16(fp32_model, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32):
+def to_fp16(fp32_model, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, source: Path | None = None):
     """A ModelProto in mixed FP16 (converted in place and returned): FP32 inputs/outputs, `keep_fp32` op types
-    computed in FP32, the rest in FP16; sorted, deduplicated and re-inferred so onnx.checker accepts it."""
+    computed in FP32, the rest in FP16; sorted, deduplicated and re-inferred so onnx.checker accepts it.
+
+    The converter needs every tensor's type. It infers them on the whole model, which protobuf cannot serialize past
+    2 GB; given the file the model was loaded from (`source`), the types are inferred on its graph alone (weights
+    left on disk, their shapes known) and the converter is told not to infer again."""
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
+    if source is not None:
+        typed = onnx.shape_inference.infer_shapes(onnx.load(str(source), load_external_data=False))
+        del fp32_model.graph.value_info[:]
+        fp32_model.graph.value_info.extend(typed.graph.value_info)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.getLogger("onnxruntime.transformers.float16").setLevel(logging.ERROR)
         model = convert_float_to_float16(fp32_model, keep_io_types=True, op_block_list=list(keep_fp32),
-                                         disable_shape_infer=False)
+                                         disable_shape_infer=source is not None)
     dedupe_casts(model.graph)
     topological_sort(model.graph)
-    del model.graph.value_info[:]  # types of converted tensors are stale; inferred again from the graph
-    return onnx.shape_inference.infer_shapes(model)
+    return with_inferred_types(model)  # types of converted tensors are stale; inferred again from the graph
+
+
+LIGHT_BYTES = 4096  # tensors larger than this are left out of the copy shape inference reads (their dims kept)
+
+
+def load_weights(path: Path, skip: frozenset[str] = frozenset(), fp16: bool = False):
+    """The model at `path` read one weight at a time, from the file or its external data, into a model that holds
+    them inline; with fp16, every float weight over LIGHT_BYTES already in FP16 with the converter's own rounding
+    (`convert_np_to_float16`), so the FP32 weights are never all in memory. `skip`: weights about to be replaced
+    (by their quantized form) and never read: they stay as FP16 (fp16) or FP32 tensors with dims and no data.
+
+    Peak memory is the model written plus one weight, where onnx.load followed by a conversion holds the FP32
+    weights, then their FP16 copies besides (a protobuf message keeps a replaced field's bytes until it is freed).
+    """
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import uses_external_data
+    from onnxruntime.transformers.float16 import convert_np_to_float16
+
+    model = onnx.load(str(path), load_external_data=False)
+    base = str(Path(path).parent)
+    for t in model.graph.initializer:
+        if t.data_type != onnx.TensorProto.FLOAT and not uses_external_data(t):
+            continue
+        big = t.data_type == onnx.TensorProto.FLOAT and (uses_external_data(t) or len(t.raw_data) > LIGHT_BYTES)
+        if t.name in skip or (big and fp16):
+            array = None if t.name in skip else numpy_helper.to_array(t, base_dir=base)  # a copy: t keeps no bytes
+            t.ClearField("raw_data")
+            t.ClearField("external_data")
+            t.data_location = onnx.TensorProto.DEFAULT
+            if fp16 and t.data_type == onnx.TensorProto.FLOAT:
+                t.data_type = onnx.TensorProto.FLOAT16
+            if array is not None:
+                t.raw_data = (convert_np_to_float16(array) if fp16 else array).tobytes()
+        elif uses_external_data(t):
+            array = numpy_helper.to_array(t, base_dir=base)
+            t.ClearField("external_data")
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = array.tobytes()
+    return model
+
+
+def with_inferred_types(model):
+    """The model with its value_info inferred afresh (in place, and returned), from a copy of the graph whose large
+    tensors carry their dims but not their data: the same types and shapes, without protobuf serializing the
+    weights for the inference (a copy each way, and a 2 GB cap). Small tensors (shapes, axes) keep their data,
+    which shape inference reads."""
+    import onnx
+
+    def light(t):
+        if len(t.raw_data) <= LIGHT_BYTES and not t.external_data:
+            return t
+        stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL  # no data: the checker in inference must not ask for it
+        stub.external_data.add(key="location", value="unused")
+        return stub
+
+    graph = model.graph
+    copy = onnx.helper.make_graph(graph.node, graph.name, graph.input, graph.output,
+                                  [light(t) for t in graph.initializer])
+    skeleton = onnx.helper.make_model(copy, opset_imports=model.opset_import, ir_version=model.ir_version)
+    typed = onnx.shape_inference.infer_shapes(skeleton)
+    del graph.value_info[:]
+    graph.value_info.extend(typed.graph.value_info)
+    return model
 
 
 def convert_fp16(src: Path, dst: Path, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32) -> None:
     """Mixed FP16 with FP32 inputs/outputs; ops in keep_fp32 stay FP32 (LayerNorm overflows in FP16)."""
     import onnx
 
-    save_checked(to_fp16(onnx.load(str(src)), tuple(keep_fp32)), dst, "FP16")
+    # nothing kept in FP32 (the TensorRT-shaped graph): the weights become FP16 as they are read
+    model = load_weights(Path(src), fp16=True) if not keep_fp32 else onnx.load(str(src))
+    save_checked(to_fp16(model, tuple(keep_fp32), Path(src)), dst, "FP16")
 
 
 def save_checked(model, dst: Path, what: str) -> None:
-    """onnx.checker (full check) first, then save: a graph the checker rejects is never written."""
+    """Save to dst (a temporary file: callers rename it into place), then onnx.checker's full check of that file; a
+    graph the checker rejects is removed again, so it never takes the place of a good one. Checked by path, the
+    checker reads the file once, where an in-memory check serializes the whole model twice more."""
     import onnx
 
-    try:
-        onnx.checker.check_model(model, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise VitexportError(f"The {what} graph failed onnx.checker: {str(e).strip().splitlines()[0]}") from None
     onnx.save_model(model, str(dst))
+    try:
+        onnx.checker.check_model(str(dst), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        Path(dst).unlink(missing_ok=True)
+        raise VitexportError(f"The {what} graph failed onnx.checker: {str(e).strip().splitlines()[0]}") from None
 
 
 def dedupe_casts(graph) -> None:

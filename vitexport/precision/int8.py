@@ -22,13 +22,24 @@ from ..data.stream import decoded_crops
 from ..errors import VitexportError
 from ..paths import sha256_file, write_text_atomic
 from ..progress import QUIET, Log
-from .calibrate import calibrate
+from .calibrate import calibrate, calibration_batch
 from .convert import save_checked
-from .qdq import CPU_WEIGHT_MAX, INT8_MAX, GemmSelection, insert_qdq, select_gemms, trt_int8_invariants, write_trt_int8
+from .qdq import (
+    CPU_WEIGHT_MAX,
+    FP8_MAX,
+    INT8_MAX,
+    GemmSelection,
+    insert_qdq_from,
+    qdq_sources,
+    select_gemms,
+    trt_int8_invariants,
+    write_trt_int8,
+)
 
 CACHE_FORMAT = "vitexport-calibration/2"
 CALIB_BATCH = 8  # images per calibration run: memory is one batch of activations, whatever the image count
 INT8_KINDS = ("int8", "int8-trt")  # FP32 remainder for CPU runtimes | FP16 remainder shaped for TensorRT
+QDQ_KINDS = (*INT8_KINDS, "fp8")  # the kinds made from a calibration (FP8: its own placement, precision/fp8.py)
 
 
 @dataclass
@@ -137,13 +148,23 @@ def write_cached_ranges(cache: Path, amax: dict[str, float], method: str, sample
     write_text_atomic(cache, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
-def selection_for(fp32: Path, settings) -> GemmSelection:
-    """The GEMMs to quantize for these settings, read from one load of the FP32 graph."""
+def selection_for(fp32: Path, settings, kind: str = "int8") -> GemmSelection:
+    """The GEMMs to quantize for these settings and kind, read from one load of the FP32 graph (its weights
+    left on disk)."""
     import onnx
 
-    graph = onnx.load(str(fp32), load_external_data=False).graph
-    return select_gemms(graph, set(resolve_exclusions(graph, settings)),
-                        quantize_attention=settings.quantize_attention, skip_matrix_vector=True)
+    model = onnx.load(str(fp32), load_external_data=False)
+    excluded = set(resolve_exclusions(model.graph, settings))
+    if kind == "fp8":
+        from .fp8 import fp8_selection
+
+        return fp8_selection(model, excluded)
+    if kind == "int8-trt" and settings.placement == "modelopt":
+        from .placement import modelopt_selection
+
+        return modelopt_selection(model, excluded)
+    return select_gemms(model.graph, excluded, quantize_attention=settings.quantize_attention,
+                        skip_matrix_vector=True)
 
 
 def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, selection: GemmSelection, settings,
@@ -163,8 +184,9 @@ def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, select
     with log.step(f"Calibrating ({settings.method}) on {data.count} inputs, {len(selection.activations)} tensors"):
         with log.bar("calibrating", data.count) as tick:
             try:
-                stats = calibrate(fp32, selection.activations, data.batches(preprocess), input_name, settings.method,
-                                  settings.percentile, tick=tick)
+                batch = calibration_batch(fp32, selection.activations, CALIB_BATCH)
+                stats = calibrate(fp32, selection.activations, data.batches(preprocess, batch), input_name,
+                                  settings.method, settings.percentile, tick=tick)
             except VitexportError:
                 if data.unreadable and data.unreadable == data.count:
                     raise data.skipped.nothing_usable(data.count, str(data.root)) from None
@@ -178,24 +200,28 @@ def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, select
 
 
 def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]) -> dict:
-    """Write the INT8 graph of `kind` to dst (checked by onnx.checker); returns its Q/DQ invariants."""
-    import onnx
+    """Write the Q/DQ graph of `kind` (an INT8 kind, or fp8) to dst (checked by onnx.checker); returns its Q/DQ
+    invariants."""
 
     if kind == "int8-trt":
         model = write_trt_int8(fp32, dst, selection, amax)
+    elif kind == "fp8":
+        from .fp8 import write_fp8
+
+        model = write_fp8(fp32, dst, selection, amax)
     elif kind == "int8":
-        source = onnx.load(str(fp32))
-        copy = onnx.ModelProto()
-        copy.CopyFrom(source)
-        model = insert_qdq(source, copy, selection, amax, np.float32, weight_max=CPU_WEIGHT_MAX)
+        # the weights quantized one at a time, then the graph read without them: with a model in external data
+        # (over 2 GB) its FP32 weights are never all in memory
+        gemms, model = qdq_sources(fp32, selection, False, np.float32, CPU_WEIGHT_MAX)
+        model = insert_qdq_from(gemms, model, selection, amax, np.float32)
         save_checked(model, dst, "INT8")
     else:
-        raise VitexportError(f"Unknown INT8 kind {kind!r}; choose one of: {', '.join(INT8_KINDS)}.")
+        raise VitexportError(f"Unknown INT8 kind {kind!r}; choose one of: {', '.join(QDQ_KINDS)}.")
     inv = trt_int8_invariants(model)  # the graph just written, not read back
     if inv["nonzero_zero_points"]:
         raise VitexportError("Quantization produced non-zero zero points, which TensorRT rejects.")
     inv["quantized_gemms"] = len(selection.nodes)
-    inv["weight_max"] = CPU_WEIGHT_MAX if kind == "int8" else INT8_MAX  # the weights' range: [-max, max]
+    inv["weight_max"] = {"int8": CPU_WEIGHT_MAX, "fp8": FP8_MAX}.get(kind, INT8_MAX)  # the weights' range: [-max, max]
     return inv
 
 

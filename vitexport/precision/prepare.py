@@ -12,7 +12,8 @@ from pathlib import Path
 from ..artifacts.folder import ModelFolder, artifact_kind
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
 from ..artifacts.verify import BROKEN, MISSING, check_onnx
-from ..backends.ort_session import create_session, session_infer
+from ..backends.ort_session import create_session, optimization_for, session_infer
+from ..data.stream import OutputStore
 from ..errors import ParityError, VitexportError
 from ..model.spec import second_size
 from ..parity.compare import ParityVerdict, Thresholds, describe, judge
@@ -20,16 +21,16 @@ from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_
 from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, evaluate, open_validation
 from .convert import convert_fp16, graph_precision
-from .int8 import INT8_KINDS, calibration_key, calibration_set, ranges, selection_for, write_int8
+from .int8 import QDQ_KINDS, calibration_key, calibration_set, ranges, selection_for, write_int8
 from .settings import CalibOptions
 
 FP16_KINDS = ("fp16", "fp16-trt")  # FP32 LayerNorm/Softmax for CPU runtimes | every op FP16, shaped for TensorRT
-CONVERTERS = (*FP16_KINDS, *INT8_KINDS)  # the ARTIFACTS kinds this step makes
+CONVERTERS = (*FP16_KINDS, *QDQ_KINDS)  # the ARTIFACTS kinds this step makes
 
 
 @dataclass
 class PrecisionResult:
-    precision: str  # the kind made: 'fp16' | 'fp16-trt' | 'int8' | 'int8-trt'
+    precision: str  # the kind made: 'fp16' | 'fp16-trt' | 'int8' | 'int8-trt' | 'fp8'
     onnx_path: Path  # where it is
     verdict: ParityVerdict | None  # its check against FP32 (None: skipped)
     cache_reused: bool | None  # INT8: the calibration cache was reused
@@ -38,11 +39,18 @@ class PrecisionResult:
 
 def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precision: str, manifest: Manifest,
                        thresholds: Thresholds | None = None, log: Log = QUIET) -> ParityVerdict:
-    """The candidate ONNX against the FP32 one on ONNX Runtime's CPU provider, both run on each batch of the
-    held-out set in turn: nothing is kept per image but the figures."""
+    """The candidate ONNX against the FP32 one on ONNX Runtime's CPU provider. FP32 runs first over the held-out set,
+    its outputs kept on disk, and its session is let go before the candidate's is made: one model in memory at a
+    time (a model of several GB would otherwise be there twice)."""
     io = (manifest.input_name, manifest.output_name)
-    ev = evaluate(session_infer(create_session(candidate), *io), held.inputs, held.labels,
-                  reference=session_infer(create_session(fp32), *io), label=f"checking {precision}", log=log)
+    store = OutputStore(held.inputs.dir)
+    try:
+        evaluate(session_infer(create_session(fp32), *io), held.inputs, held.labels, record=store,
+                 label="FP32 reference", log=log)  # the session is freed once evaluate returns
+        ev = evaluate(session_infer(create_session(candidate, optimize=optimization_for(precision)), *io),
+                      held.inputs, held.labels, reference=store, label=f"checking {precision}", log=log)
+    finally:
+        store.path.unlink(missing_ok=True)
     verdict = judge(ev.stats, precision, thresholds)
     log.info(f"{precision.upper()} vs FP32 on {len(held):,} held-out inputs: {describe(verdict.stats)}")
     for line in verdict.inconclusive:
@@ -70,7 +78,7 @@ def _heldout(opts: CalibOptions, manifest: Manifest, precision: str, log: Log) -
         return None
     held_dir = Path(opts.check_data) if opts.check_data else default_heldout_dir(manifest.variant)
     calib_dir = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
-    if precision in INT8_KINDS and held_dir.resolve() == calib_dir.resolve():
+    if precision in QDQ_KINDS and held_dir.resolve() == calib_dir.resolve():
         raise VitexportError("The check data is the calibration data; pass held-out images with --check-data.")
     return open_validation(held_dir, manifest.preprocess, manifest.num_classes, log=log)
 
@@ -146,20 +154,26 @@ def _check_second_size(fp32: Path, candidate: Path, precision: str, manifest: Ma
 
 def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Path, manifest: Manifest,
               opts: CalibOptions, record: PrecisionRecord, log: Log) -> tuple[str, bool]:
-    """Calibrate in bounded memory (or reuse the cached ranges), write the INT8 graph of `kind` to dst; fills the
-    record's INT8 fields. The ranges are shared by both INT8 kinds: the second one made reuses the cache."""
+    """Calibrate in bounded memory (or reuse the cached ranges), write the Q/DQ graph of `kind` to dst; fills the
+    record's calibration fields. The ranges are shared by both INT8 kinds: the second one made reuses the cache.
+    FP8 measures other tensors (the attention products), so its key and cache are its own."""
     calib_root = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
     data = calibration_set(calib_root, manifest.preprocess, opts.samples)
     if opts.samples is not None and data.count < opts.samples:
         log.warn(f"Asked for {opts.samples} calibration inputs, {calib_root} has only {data.count}: using {data.count}.")
     settings = opts.int8
-    selection = selection_for(fp32, settings)
+    selection = selection_for(fp32, settings, kind)
+    modelopt = kind == "int8-trt" and settings.placement == "modelopt"  # other tensors: its own calibration
+    placement = {"placement": "fp8"} if kind == "fp8" else {"placement": "modelopt"} if modelopt else {}
     with log.step(f"Hashing {data.count} calibration inputs for the cache key"):
-        key = calibration_key(fp32_sha, data, manifest.preprocess.to_dict(), settings.to_dict())
+        key = calibration_key(fp32_sha, data, manifest.preprocess.to_dict(), {**settings.to_dict(), **placement})
     amax, reused, used = ranges(fp32, data, manifest.preprocess, manifest.input_name, selection, settings,
                                 folder.calib_cache(key), log)
-    with log.step(f"Writing {folder.onnx(kind).name} ({len(selection.nodes)} INT8 GEMMs)"):
+    with log.step(f"Writing {folder.onnx(kind).name} ({len(selection.nodes)} {artifact_kind(kind).precision.upper()} "
+                  f"GEMMs)"):
         record.qdq = write_int8(kind, fp32, dst, selection, amax)
+    if kind == "int8-trt":
+        record.qdq["placement"] = settings.placement
     s = settings.to_dict()
     record.calibration = CalibrationRecord(
         key=key, method=settings.method, samples=used, data=str(calib_root.resolve()),
@@ -194,6 +208,8 @@ def _made_with(rec: PrecisionRecord, kind: str, calib: CalibOptions, manifest: M
         return list(rec.keep_fp32 or []) == list(calib.keep_fp32)
     cal = rec.calibration
     if cal is None:
+        return False
+    if kind == "int8-trt" and (rec.qdq or {}).get("placement", "vitexport") != calib.int8.placement:
         return False
     data = Path(calib.data) if calib.data else default_calib_dir(manifest.variant)
     wanted = {"data": str(data.resolve()), "requested_samples": calib.samples, **calib.int8.to_dict()}

@@ -17,21 +17,51 @@ and in the weights' range:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ..artifacts.folder import CPU_INT8_WEIGHT_MAX
 from ..errors import VitexportError, first_line
 from ..tensorrt_engine.fusion import LINEAR_OPS
-from .convert import save_checked, to_fp16, topological_sort
+from .convert import load_weights, save_checked, to_fp16, topological_sort, with_inferred_types
 
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
+# FP8: from 21 on, Reshape/Squeeze/Transpose take FP8 tensors, which ONNX Runtime's Q/DQ propagation makes when it
+# moves a Q above them (at 19 it then rejects its own graph); ModelOpt's FP8 graphs are opset 21 too
+FP8_OPSET = 21
+# ops whose meaning changed from 19 to 21 (DFT-20 takes its axis as an input, GridSample-20 renamed its modes): a
+# graph with one goes through onnx's converter instead of having its opset number raised
+CHANGED_BY_21 = ("DFT", "GridSample")
 BUMPABLE_FROM = 18  # from this opset on the number is raised to 19 in place; below, onnx's converter converts
 INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q (TensorRT's convention)
 CPU_WEIGHT_MAX = CPU_INT8_WEIGHT_MAX  # the CPU graph's weights: 7 bits, so VPMADDUBSW's pair sums cannot saturate
 MIN_SCALE = 2.0 ** -14  # smallest normal FP16: a zero range still gets a representable scale
+FP8_MAX = 448.0  # the largest finite FLOAT8E4M3FN
+
+
+@dataclass(frozen=True)
+class QFormat:
+    """The element type a Q/DQ pair quantizes to: symmetric, zero point 0, scale = amax / qmax."""
+
+    name: str  # 'int8' | 'fp8': names the initializers it writes
+    qmax: float  # the largest magnitude it represents
+    zero_dtype: Any  # the numpy type of its zero points and quantized weights
+
+    def quantize(self, x: np.ndarray, qmax: float | None = None) -> np.ndarray:
+        """x already divided by its scale -> the stored values: INT8 rounds to the nearest integer, FP8 to the
+        nearest E4M3 (ties to even), both saturating at +-qmax."""
+        m = self.qmax if qmax is None else qmax
+        if self.name == "int8":
+            return np.clip(np.rint(x), -m, m).astype(np.int8)
+        return np.clip(x, -m, m).astype(self.zero_dtype)
+
+
+INT8 = QFormat("int8", INT8_MAX, np.int8)
+FP8 = QFormat("fp8", FP8_MAX, ml_dtypes.float8_e4m3fn)  # E4M3, as TensorRT's FP8 GEMMs read (ModelOpt's fp8 mode)
 
 
 @dataclass
@@ -40,6 +70,11 @@ class GemmSelection:
 
     nodes: list[str]  # node names, in graph order
     activations: list[str]  # activation inputs of those nodes (Q/DQ before the GEMM): what calibration measures
+    inputs: dict[str, tuple[int, ...]] = field(default_factory=dict)  # node -> the inputs quantized (default 0, 1)
+
+    def picked(self, node) -> range | tuple[int, ...]:
+        """The input indices of `node` (a selected node) that get a Q/DQ pair."""
+        return self.inputs.get(node.name, range(min(2, len(node.input))))
 
 
 def _constants(graph) -> set[str]:
@@ -95,29 +130,29 @@ def _weight_axis(node, weight_shape: tuple[int, ...]) -> int:
     return len(weight_shape) - 1  # MatMul: (K, N)
 
 
-def quantize_weight(w: np.ndarray, axis: int, dtype=np.float16, qmax: int = INT8_MAX) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel symmetric INT8 in [-qmax, qmax]: (int8 weight, scale per channel along `axis`, of the given
-    float type)."""
+def quantize_weight(w: np.ndarray, axis: int, dtype=np.float16, qmax: float = INT8_MAX,
+                    fmt: QFormat = INT8) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel symmetric quantization in [-qmax, qmax]: (quantized weight in `fmt`, scale per channel along
+    `axis`, of the given float type)."""
     w = np.asarray(w, dtype=np.float32)
     reduce = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.abs(w).max(axis=reduce) if reduce else np.abs(w)
     scale = np.maximum(amax / qmax, MIN_SCALE).astype(dtype)  # rounded first: q uses the stored scale
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.rint(w / scale.astype(np.float32).reshape(shape)), -qmax, qmax).astype(np.int8)
-    return q, scale
+    return fmt.quantize(w / scale.astype(np.float32).reshape(shape), qmax), scale
 
 
-def activation_scale(amax: float, dtype=np.float16) -> np.ndarray:
-    return np.asarray(max(float(amax) / INT8_MAX, MIN_SCALE), dtype=dtype)
+def activation_scale(amax: float, dtype=np.float16, fmt: QFormat = INT8) -> np.ndarray:
+    return np.asarray(max(float(amax) / fmt.qmax, MIN_SCALE), dtype=dtype)
 
 
 # -- the TensorRT-shaped graph ------------------------------------------------------------------------------
 
-def fp16_everywhere(fp32_model):
-    """FP32 ModelProto -> FP16 compute with FP32 graph inputs/outputs, nothing kept in FP32 (ModelOpt's
-    remainder for TensorRT: strongly typed LayerNormalization handles its own precision)."""
-    return to_fp16(fp32_model, keep_fp32=())
+def fp16_everywhere(fp32_model, source: Path | None = None):
+    """FP32 ModelProto (loaded from `source`) -> FP16 compute with FP32 graph inputs/outputs, nothing kept in FP32
+    (ModelOpt's remainder for TensorRT: strongly typed LayerNormalization handles its own precision)."""
+    return to_fp16(fp32_model, keep_fp32=(), source=source)
 
 
 @dataclass
@@ -126,29 +161,57 @@ class FloatGemms:
     its weights) can be let go before the graph that gets the Q/DQ is loaded and converted."""
 
     inputs: dict[str, list[str]]  # selected node -> its FP32 input names
-    weights: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]  # weight -> axis -> (int8 weight, scale)
+    weights: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]  # weight -> axis -> (quantized weight, scale)
+    fmt: QFormat = INT8
+    replaced: frozenset[str] = frozenset()  # weights only selected GEMMs read: their float form is never needed
+
+
+def _replaced(graph, gemms: "FloatGemms", chosen: set[str]) -> frozenset[str]:
+    readers: dict[str, set[str]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, set()).add(n.name)
+    outputs = {o.name for o in graph.output}
+    return frozenset(w for w in gemms.weights if readers.get(w, set()) <= chosen and w not in outputs)
 
 
 def float_gemms(fp32_model, selection: GemmSelection, scale_dtype=np.float16,
-                weight_max: int = INT8_MAX) -> FloatGemms:
+                weight_max: float = INT8_MAX, fmt: QFormat = INT8, base_dir: Path | None = None) -> FloatGemms:
     """The selected GEMMs' FP32 input names, and their weights quantized per output channel (one weight at a time
-    is read out of the model as an array)."""
+    is read out of the model as an array; from external data beside the model in `base_dir` when it has some)."""
     from onnx import numpy_helper
 
     inits = {i.name: i for i in fp32_model.graph.initializer}
     chosen = set(selection.nodes)
-    out = FloatGemms({}, {})
+    out = FloatGemms({}, {}, fmt)
     for node in fp32_model.graph.node:
         if node.name not in chosen:
             continue
         out.inputs[node.name] = list(node.input)
-        for t in node.input[:2]:
+        if node.op_type not in LINEAR_OPS:  # a LayerNorm's or an Add's activation: no weight to quantize
+            continue
+        for t in (node.input[k] for k in selection.picked(node)):
             if t in inits:
                 axis = _weight_axis(node, tuple(inits[t].dims))
                 if axis not in out.weights.setdefault(t, {}):
-                    out.weights[t][axis] = quantize_weight(numpy_helper.to_array(inits[t]), axis, scale_dtype,
-                                                           weight_max)
+                    w = numpy_helper.to_array(inits[t], base_dir=str(base_dir or ""))
+                    out.weights[t][axis] = quantize_weight(w, axis, scale_dtype, weight_max, fmt)
+    out.replaced = _replaced(fp32_model.graph, out, chosen)
     return out
+
+
+def qdq_sources(fp32_path: Path, selection: GemmSelection, fp16: bool, scale_dtype=np.float16,
+                weight_max: float = INT8_MAX, fmt: QFormat = INT8):
+    """(the selected GEMMs with their weights quantized, the graph the Q/DQ go into: the FP32 model with the other
+    weights in FP16 when fp16), each read one weight at a time: the FP32 weights are never all in memory, whatever
+    the model's size (external data included)."""
+    import onnx
+
+    fp32_path = Path(fp32_path)
+    gemms = float_gemms(onnx.load(str(fp32_path), load_external_data=False), selection, scale_dtype, weight_max,
+                        fmt, fp32_path.parent)
+    model = load_weights(fp32_path, gemms.replaced, fp16)
+    return gemms, (to_fp16(model, keep_fp32=(), source=fp32_path) if fp16 else model)
 
 
 def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, float], scale_dtype=np.float16,
@@ -162,29 +225,29 @@ def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, fl
 def insert_qdq_from(fp32: FloatGemms, model16, selection: GemmSelection, amax: dict[str, float],
                     scale_dtype=np.float16):
     """insert_qdq with the FP32 side read beforehand (float_gemms)."""
-    import onnx
 
-    if scale_dtype == np.float16 and _opset(model16) < BUMPABLE_FROM:
-        model16 = _converted(model16, TRT_INT8_OPSET)
+    opset = FP8_OPSET if fp32.fmt is FP8 else TRT_INT8_OPSET
+    if scale_dtype == np.float16 and (_opset(model16) < BUMPABLE_FROM or (
+            opset > TRT_INT8_OPSET and {n.op_type for n in model16.graph.node} & set(CHANGED_BY_21))):
+        model16 = _converted(model16, opset)
     writer = _QDQWriter(fp32, model16.graph, amax, scale_dtype)
     for node in model16.graph.node:
         if node.name in selection.nodes:
             src = fp32.inputs[node.name]
-            for k in range(min(2, len(node.input))):
+            for k in selection.picked(node):
                 writer.quantize_input(node, k, src[k])
     writer.finish()
     topological_sort(model16.graph)
     if scale_dtype == np.float16:
-        _set_opset(model16, TRT_INT8_OPSET)
-    del model16.graph.value_info[:]  # stale after the rewiring; re-inferred below
-    return onnx.shape_inference.infer_shapes(model16)
+        _set_opset(model16, opset)
+    return with_inferred_types(model16)  # value_info is stale after the rewiring
 
 
 class _QDQWriter:
     """The Q/DQ nodes and initializers added to one graph; a tensor feeding several GEMMs gets one pair."""
 
     def __init__(self, fp32: FloatGemms, graph, amax: dict[str, float], scale_dtype) -> None:
-        self.weights = fp32.weights
+        self.weights, self.fmt = fp32.weights, fp32.fmt
         self.graph, self.amax, self.dtype = graph, amax, scale_dtype
         self.consts = _constants(graph)
         self.inits, self.nodes = [], []
@@ -206,9 +269,10 @@ class _QDQWriter:
         axis = _weight_axis(node, next(iter(by_axis.values()))[0].shape)
         if (t32, axis) not in self.done:
             q, scale = by_axis[axis]
-            base = f"{t32}_int8" if not any(t == t32 for t, _ in self.done) else f"{t32}_int8_axis{axis}"
+            kind = self.fmt.name
+            base = f"{t32}_{kind}" if not any(t == t32 for t, _ in self.done) else f"{t32}_{kind}_axis{axis}"
             self.inits += [numpy_helper.from_array(q, base), numpy_helper.from_array(scale, f"{base}_scale"),
-                           numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{base}_zero_point")]
+                           numpy_helper.from_array(np.zeros(scale.shape, self.fmt.zero_dtype), f"{base}_zero_point")]
             self.nodes.append(helper.make_node("DequantizeLinear", [base, f"{base}_scale", f"{base}_zero_point"],
                                                [f"{base}_dq"], name=f"{base}/DQ", axis=axis))
             self.done[(t32, axis)] = f"{base}_dq"
@@ -219,8 +283,9 @@ class _QDQWriter:
 
         if (t16, None) not in self.done:
             base = f"{t32}_act"
-            self.inits += [numpy_helper.from_array(activation_scale(self.amax[t32], self.dtype), f"{base}_scale"),
-                           numpy_helper.from_array(np.zeros((), np.int8), f"{base}_zero_point")]
+            self.inits += [numpy_helper.from_array(activation_scale(self.amax[t32], self.dtype, self.fmt),
+                                                   f"{base}_scale"),
+                           numpy_helper.from_array(np.zeros((), self.fmt.zero_dtype), f"{base}_zero_point")]
             self.nodes += [
                 helper.make_node("QuantizeLinear", [t16, f"{base}_scale", f"{base}_zero_point"], [f"{base}_q"],
                                  name=f"{base}/Q"),
@@ -267,10 +332,8 @@ def _converted(model, version: int):
 def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]):
     """model.onnx + calibrated ranges -> the TensorRT-shaped INT8 ONNX at `dst` (checked by onnx.checker);
     returns the graph written."""
-    import onnx
-
-    gemms = float_gemms(onnx.load(str(fp32_path)), selection)  # the FP32 model is let go once its weights are INT8
-    model = insert_qdq_from(gemms, fp16_everywhere(onnx.load(str(fp32_path))), selection, amax)
+    gemms, model16 = qdq_sources(fp32_path, selection, fp16=True)
+    model = insert_qdq_from(gemms, model16, selection, amax)
     save_checked(model, dst, "TensorRT INT8")
     return model
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 CALIB_METHODS = ("minmax", "entropy", "percentile")  # how activation ranges are chosen from calibration data
 DEFAULT_KEEP_FP32 = ("LayerNormalization", "Softmax")  # FP16: op types kept in FP32 (LayerNorm overflows in FP16)
 DEFAULT_PERCENTILE = 99.999
+PLACEMENTS = ("vitexport", "modelopt")  # the TensorRT INT8 graph's Q/DQ placement (precision/placement.py)
 
 
 @dataclass
@@ -21,6 +22,7 @@ class Int8Settings:
     quantize_attention: bool = False  # also quantize Q.K^T and A.V (MatMul with two activations)
     exclude_nodes: list[str] = field(default_factory=list)  # node names, as in the exported graph
     exclude_blocks: list[int] = field(default_factory=list)  # whole transformer blocks kept in float
+    placement: str = "vitexport"  # model.int8.trt.onnx only: one of PLACEMENTS (recorded in its qdq facts)
 
     def to_dict(self) -> dict:
         return {"method": self.method, "percentile": self.percentile if self.method == "percentile" else None,

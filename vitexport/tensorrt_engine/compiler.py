@@ -19,7 +19,7 @@ from ..artifacts.sidecar import SIDECAR_FORMAT, write_sidecar
 from ..errors import VitexportError
 from ..paths import atomic_path
 from ..progress import QUIET, Log
-from .options import BuildOptions, profile_shapes, refuse_antialias
+from .options import BuildOptions, check_fp8_gpu, profile_shapes, refuse_antialias
 from .probe import require_trt_and_gpu
 
 PrepareOnnx = Callable[[str], Path]  # precision -> the ONNX that carries it (exporting / converting as needed)
@@ -63,6 +63,7 @@ def run_trt(model_dir: ModelFolder | Path, opts: BuildOptions, log: Log = QUIET,
     if onnx_path != checked:  # an FP32 plan's source is that export: not read a second time
         refuse_antialias(onnx_path)
     trt_version, gpu = require_trt_and_gpu()
+    check_fp8_gpu(opts.precision, gpu)
     log.info(f"TensorRT {trt_version} on {gpu['name']} (compute capability {gpu['compute_capability']}).")
 
     onnx_sha = onnx_digest(onnx_path)

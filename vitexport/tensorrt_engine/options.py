@@ -59,13 +59,31 @@ class EngineUnavailable(VitexportError):
                    "built or run on this machine.", EXIT_NO_GPU)
 
 
+FP8_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
+
+
+def check_fp8_gpu(precision: str, gpu: dict[str, Any]) -> None:
+    """An FP8 engine on a GPU without FP8 tensor cores: one sentence (exit 5) before anything is built."""
+    if precision != "fp8":
+        return
+    cc = str(gpu.get("compute_capability") or "0.0")
+    try:
+        have = tuple(int(p) for p in cc.split(".")[:2])
+    except ValueError:
+        have = (0, 0)
+    if have < FP8_MIN_CAPABILITY:
+        need = ".".join(map(str, FP8_MIN_CAPABILITY))
+        raise EngineUnavailable(f"{gpu.get('name', 'This GPU')} has compute capability {cc}, and FP8 engines need "
+                                f"{need} or newer (Ada, Hopper); build --int8 or --fp16 on it instead.", EXIT_NO_GPU)
+
+
 # -- build options --------------------------------------------------------------------------------------------
 
 @dataclass
 class BuildOptions:
     """What `vitexport trt` builds: one precision, one batch profile, and the builder's knobs."""
 
-    precision: str = "fp16"  # 'fp32' (TF32 off: the reference engine) | 'fp16' | 'int8' (Q/DQ ONNX)
+    precision: str = "fp16"  # 'fp32' (TF32 off: the reference engine) | 'fp16' | 'int8' | 'fp8' (Q/DQ ONNX)
     min_batch: int = 1  # smallest batch the engine accepts
     opt_batch: int = 8  # batch TensorRT tunes its kernels for
     max_batch: int = 32  # largest batch the engine accepts
