@@ -5,7 +5,7 @@
 - ``modelopt``: what NVIDIA ModelOpt 0.47's INT8 ONNX PTQ writes for a ViT, read from its output on the digits model
   (scripts/modelopt_placement.py compares the two node by node): the same weight GEMMs, plus
     - both inputs of both attention products (Q and K^T, the Softmax output and V) at the sites TensorRT's INT8
-      fused attention takes (precision/../tensorrt_engine/fusion.py: head size 16/32/64, at most 512 tokens),
+      fused attention takes (tensorrt_engine/fusion.py: head size 16/32/64, at most 512 tokens),
     - the input of each LayerNormalization that reads a residual Add and feeds a quantized GEMM (the residual
       stream where it enters a block's norm; not the first block's norm1, which reads the position-embedding Add,
       nor the final norm, which feeds the float head),

@@ -149,12 +149,6 @@ def activation_scale(amax: float, dtype=np.float16, fmt: QFormat = INT8) -> np.n
 
 # -- the TensorRT-shaped graph ------------------------------------------------------------------------------
 
-def fp16_everywhere(fp32_model, source: Path | None = None):
-    """FP32 ModelProto (loaded from `source`) -> FP16 compute with FP32 graph inputs/outputs, nothing kept in FP32
-    (ModelOpt's remainder for TensorRT: strongly typed LayerNormalization handles its own precision)."""
-    return to_fp16(fp32_model, keep_fp32=(), source=source)
-
-
 @dataclass
 class FloatGemms:
     """What the Q/DQ writer needs of the FP32 graph, its weights already quantized: so the FP32 model (the whole of

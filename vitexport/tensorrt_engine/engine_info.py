@@ -207,8 +207,7 @@ def selection_problems(engine: EngineLayers, nodes: Sequence[str], expected: str
     """
     where = _by_onnx_node(engine)
     if nodes and not where:
-        return [f"no layer names its ONNX nodes (Metadata), so the {len(nodes)} quantized GEMMs cannot be found; "
-                f"the plan must be built with ProfilingVerbosity.DETAILED"]
+        return [_no_metadata(len(nodes), "quantized GEMMs")]
     problems = []
     for n in nodes:
         layers = [f for f in where.get(n, []) if f.kind in ("gemm", "attention")]
@@ -224,15 +223,13 @@ def selection_problems(engine: EngineLayers, nodes: Sequence[str], expected: str
     return problems
 
 
-
 def attention_problems(engine: EngineLayers, sites: Sequence[Any]) -> list[str]:
-    """Why the attention sites TensorRT can fuse (precision.attention.AttentionSite: bmm1, softmax, bmm2) were not
-    each computed by one fused attention layer; empty when they were. Q.K^T and .V in separate GEMM layers, with a
-    Softmax between, is the unfused attention that costs the FP16 and INT8 engines their speed."""
+    """Why the attention sites TensorRT can fuse (tensorrt_engine.fusion.AttentionSite: bmm1, softmax, bmm2) were
+    not each computed by one fused attention layer; empty when they were. Q.K^T and .V in separate GEMM layers, with
+    a Softmax between, is the unfused attention that costs the FP16 and INT8 engines their speed."""
     where = _by_onnx_node(engine)
     if sites and not where:
-        return [f"no layer names its ONNX nodes (Metadata), so the {len(sites)} attention sites cannot be found; "
-                f"the plan must be built with ProfilingVerbosity.DETAILED"]
+        return [_no_metadata(len(sites), "attention sites")]
     problems = []
     for site in sites:
         fused = [f for f in where.get(site.bmm1, []) if f.kind == "attention" and site.bmm2 in f.onnx_nodes]
@@ -252,6 +249,11 @@ def engine_problems(engine: EngineLayers, expected: str, quantized: Sequence[str
     if quantized:
         problems += selection_problems(engine, quantized, expected)
     return problems + attention_problems(engine, sites)
+
+
+def _no_metadata(count: int, what: str) -> str:
+    return (f"no layer names its ONNX nodes (Metadata), so the {count} {what} cannot be found; the plan must be "
+            f"built with ProfilingVerbosity.DETAILED")
 
 
 def _by_onnx_node(engine: EngineLayers) -> dict[str, list[LayerFact]]:
