@@ -1,4 +1,5 @@
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,22 @@ def fails_cleanly(r, needle):
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)  # no traceback
     assert "Traceback" not in r.output
     assert needle.lower() in r.output.lower(), r.output
+
+
+@pytest.fixture(scope="session")
+def digits_export(tmp_path_factory):
+    """The digits model exported once for the session (an export takes seconds); modules copy it (copy_export)."""
+    from vitexport.export.run import run_export
+    from vitexport.model.spec import ModelSpec
+    from vitexport.model.variants import DIGITS_VARIANT
+
+    return run_export(ModelSpec(variant=DIGITS_VARIANT), output=tmp_path_factory.mktemp("digits-export") / "model") \
+        .folder.path
+
+
+def copy_export(src: Path, dst: Path) -> Path:
+    """A copy of an export folder at dst (its lock and owner files left behind): a folder of its own to change."""
+    from vitexport.artifacts.folder import LOCK_NAME, OWNER_NAME
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(LOCK_NAME, OWNER_NAME))
+    return Path(dst)

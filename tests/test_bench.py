@@ -10,7 +10,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import ROOT, fails_cleanly
+from conftest import ROOT, copy_export, fails_cleanly
 from onnx import numpy_helper
 from scipy.stats import binomtest
 
@@ -22,10 +22,7 @@ from vitexport.data.images import load_folder
 from vitexport.ensure import ensure_artifact
 from vitexport.environment import cpu_has_bf16
 from vitexport.errors import BackendUnavailable
-from vitexport.export.run import run_export
 from vitexport.export.torch_model import model_from_manifest
-from vitexport.model.spec import ModelSpec
-from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.parity.compare import compare, judge
 from vitexport.paths import sha256_file
 from vitexport.precision import CalibOptions
@@ -37,9 +34,9 @@ CPU_BACKENDS = {"pytorch cpu fp32", "onnxruntime cpu fp32", "onnxruntime cpu fp1
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
+def digits(tmp_path_factory, digits_export):
     out = tmp_path_factory.mktemp("bench") / "model"
-    run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
+    copy_export(digits_export, out)
     for prec in ("fp16", "int8"):
         ensure_artifact(out, prec, calib=CalibOptions(check=False))
     return out

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, copy_export
 from filelock import FileLock
 
 from vitexport.artifacts.folder import LOCK_NAME, ModelFolder
@@ -36,9 +36,9 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory):
+def made(tmp_path_factory, digits_export):
     root = tmp_path_factory.mktemp("concurrency")
-    folder = run_export(ModelSpec(variant=DIGITS_VARIANT), output=root / "model").folder
+    folder = ModelFolder(copy_export(digits_export, root / "model"))
     ensure_artifact(folder, "int8", calib=CalibOptions(samples=24, check=False))
     other = root / "other"  # the same export with an INT8 graph of other ranges: what a concurrent quantize writes
     shutil.copytree(root / "model", other)

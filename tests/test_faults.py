@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, copy_export
 from filelock import FileLock
 from PIL import Image
 
@@ -32,7 +32,6 @@ from vitexport.artifacts.verify import check_onnx
 from vitexport.artifacts.workspace import find_debris
 from vitexport.cli import cli
 from vitexport.ensure import ensure_artifact
-from vitexport.export.run import run_export
 from vitexport.model.spec import ModelSpec
 from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.paths import sha256_file
@@ -46,13 +45,13 @@ FAST_BENCH = ["--batch", "1", "--iterations", "1", "--min-time", "0", "--warmup"
 # -- fixtures and checks --------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory):
+def made(tmp_path_factory, digits_export):
     """The digits model exported, with FP16 (both graphs) and INT8 made (without their parity check: not what is
     tested)."""
     root = tmp_path_factory.mktemp("faults")
-    result = run_export(ModelSpec(variant=DIGITS_VARIANT), output=root / "model")
+    folder = copy_export(digits_export, root / "model")
     for kind in ("fp16", "fp16-trt", "int8"):
-        ensure_artifact(result.folder, kind, calib=CalibOptions(samples=24, check=False))
+        ensure_artifact(folder, kind, calib=CalibOptions(samples=24, check=False))
     data = root / "data"  # 2 held-out images per class, unlabelled (flat): bench parity in a second, and no
     data.mkdir()  # accuracy bound that 20 images are too few to decide (the faults are what is tested here)
     for cls in sorted((ROOT / "calibration" / "digits" / "heldout").iterdir())[:10]:

@@ -19,13 +19,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import copy_export
 from test_faults import _clean, _one_sentence, _run, _state
 
 from vitexport.artifacts.folder import LOCK_NAME, ModelFolder
 from vitexport.artifacts.verify import check_onnx
 from vitexport.ensure import ensure_artifact
-from vitexport.export.run import run_export
-from vitexport.model.spec import ModelSpec
 from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.paths import mount_point, write_reason
 from vitexport.precision import CalibOptions
@@ -94,13 +93,13 @@ def disk(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(tmp_path_factory, digits_export):
     """The digits model exported, with its INT8 graph (and calibration cache) and its FP32 OpenVINO IR."""
     root = tmp_path_factory.mktemp("full-disk")
-    result = run_export(ModelSpec(variant=DIGITS_VARIANT), output=root / "model")
+    folder = copy_export(digits_export, root / "model")
     calib = CalibOptions(samples=16, check=False)
     for kind in ("int8", "openvino-fp32"):
-        ensure_artifact(result.folder, kind, calib=calib)
+        ensure_artifact(folder, kind, calib=calib)
     return root / "model"
 
 

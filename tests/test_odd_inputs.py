@@ -16,7 +16,7 @@ import stat
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, copy_export
 from PIL import Image, features
 
 from vitexport.artifacts.folder import ModelFolder
@@ -24,9 +24,6 @@ from vitexport.cli import cli
 from vitexport.data.images import LINK_OUT, ImageError, Skipped, decode_crop, list_images
 from vitexport.data.preprocess import Preprocess
 from vitexport.data.stream import InputCache, open_images
-from vitexport.export.run import run_export
-from vitexport.model.spec import ModelSpec
-from vitexport.model.variants import DIGITS_VARIANT
 
 PP = Preprocess(input_size=(16, 16), crop_pct=1.0, interpolation="nearest", mean=(0.0, 0.0, 0.0),
                 std=(1.0, 1.0, 1.0))
@@ -207,8 +204,8 @@ def test_the_cache_leaves_out_what_cannot_be_decoded_and_keeps_labels_in_step(tm
 # -- through the command line -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return run_export(ModelSpec(variant=DIGITS_VARIANT), output=tmp_path_factory.mktemp("odd") / "m").folder.path
+def model(tmp_path_factory, digits_export):
+    return copy_export(digits_export, tmp_path_factory.mktemp("odd") / "m")
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, fails_cleanly
+from conftest import ROOT, copy_export, fails_cleanly
 
 from vitexport.artifacts.folder import ModelFolder
 from vitexport.backends.base import infer_in_chunks
@@ -21,9 +21,6 @@ from vitexport.cli import cli
 from vitexport.data.images import labels_for_model, load_folder
 from vitexport.ensure import ensure_artifact
 from vitexport.errors import BackendUnavailable, ParityError
-from vitexport.export.run import run_export
-from vitexport.model.spec import ModelSpec
-from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.openvino_ir.convert import make_ir
 from vitexport.parity.compare import Thresholds, compare, judge
 from vitexport.paths import sha256_file, staging_prefix
@@ -33,9 +30,9 @@ HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
+def digits(tmp_path_factory, digits_export):
     out = tmp_path_factory.mktemp("ov") / "model"
-    run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
+    copy_export(digits_export, out)
     ensure_artifact(out, "int8", calib=CalibOptions(check=False))
     return ModelFolder(out)
 

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, copy_export
 from onnx import numpy_helper
 
 from vitexport.artifacts.folder import LOCK_NAME, ModelFolder
@@ -24,9 +24,9 @@ HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
+def digits(tmp_path_factory, digits_export):
     out = tmp_path_factory.mktemp("digits") / "model"
-    run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
+    copy_export(digits_export, out)
     return out
 
 
@@ -183,9 +183,9 @@ def test_exclude_block_keeps_it_float(digits, tmp_path):
                for n in block1 for i in n.input)
 
 
-def test_damaged_calibration_cache_is_recomputed(tmp_path):
+def test_damaged_calibration_cache_is_recomputed(tmp_path, digits_export):
     out = tmp_path / "d"
-    run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
+    copy_export(digits_export, out)
     first = run_quantize(out, "int8", CalibOptions(samples=10, check=False))
     cache = out / "calib-cache" / f"{first.calib_key}.json"
     cache.write_text(cache.read_text()[:50])  # as if a write had been cut short
@@ -298,13 +298,13 @@ def test_an_int8_file_with_8_bit_weights_is_stale_everywhere_and_remade(digits, 
     assert max(int(np.abs(w).max()) for w in weights) == 63
 
 
-def test_int8_of_a_model_in_external_data_is_the_int8_of_the_inline_one(tmp_path, monkeypatch):
+def test_int8_of_a_model_in_external_data_is_the_int8_of_the_inline_one(tmp_path, monkeypatch, digits_export):
     """A model over protobuf's 2 GB cap (shown by lowering the cap) is calibrated with its weights left in external
     data and gets both INT8 graphs and the FP8 one, equal tensor for tensor to those of the same model stored
     inline."""
     import vitexport.export.to_onnx as to_onnx
 
-    inline = run_export(ModelSpec(variant=DIGITS_VARIANT), output=tmp_path / "inline").folder
+    inline = ModelFolder(copy_export(digits_export, tmp_path / "inline"))
     monkeypatch.setattr(to_onnx, "PROTOBUF_LIMIT", 1024)
     external = run_export(ModelSpec(variant=DIGITS_VARIANT), output=tmp_path / "external").folder
     assert external.external_data().is_file() and not inline.external_data().exists()

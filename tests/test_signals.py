@@ -10,12 +10,9 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, copy_export
 
 from vitexport.artifacts.folder import LOCK_NAME
-from vitexport.export.run import run_export
-from vitexport.model.spec import ModelSpec
-from vitexport.model.variants import DIGITS_VARIANT
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 # a bench that times for a long while once it has started: the signal arrives mid-run
@@ -24,9 +21,9 @@ LONG_BENCH = ["--data", str(HELDOUT), "--backend", "onnxruntime cpu fp32", "--ba
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory):
+def made(tmp_path_factory, digits_export):
     root = tmp_path_factory.mktemp("signals")
-    run_export(ModelSpec(variant=DIGITS_VARIANT), output=root / "model")
+    copy_export(digits_export, root / "model")
     return root / "model"
 
 

@@ -6,12 +6,10 @@ import shutil
 import onnx
 import pytest
 from click.testing import CliRunner
+from conftest import copy_export
 
 from vitexport.artifacts.folder import LOCK_NAME
 from vitexport.cli import cli
-from vitexport.export.run import run_export
-from vitexport.model.spec import ModelSpec
-from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.precision.qdq import trt_int8_invariants
 from vitexport.tensorrt_engine.fusion import attention_sites, why_not_fused
 
@@ -19,9 +17,9 @@ HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
+def digits(tmp_path_factory, digits_export):
     out = tmp_path_factory.mktemp("trtcli") / "model"
-    run_export(ModelSpec(variant=DIGITS_VARIANT), output=out)
+    copy_export(digits_export, out)
     return out
 
 

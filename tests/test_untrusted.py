@@ -8,24 +8,21 @@ import shutil
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import fails_cleanly
+from conftest import copy_export, fails_cleanly
 
 from vitexport.artifacts.folder import LOCK_NAME, ModelFolder, external_locations
 from vitexport.artifacts.sidecar import read_sidecar
 from vitexport.artifacts.verify import BROKEN, check_onnx
 from vitexport.cli import cli
 from vitexport.errors import VitexportError
-from vitexport.export.run import run_export
 from vitexport.model.hub import parse_ref
-from vitexport.model.spec import ModelSpec
-from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.paths import sha256_file
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory):
+def made(tmp_path_factory, digits_export):
     root = tmp_path_factory.mktemp("untrusted")
-    run_export(ModelSpec(variant=DIGITS_VARIANT), output=root / "model")
+    copy_export(digits_export, root / "model")
     return root / "model"
 
 
