@@ -32,12 +32,13 @@ from modelopt.onnx.quantization import quantize
 quantize(onnx_path=sys.argv[1], quantize_mode=sys.argv[4], calibration_data=np.load(sys.argv[2]),
          calibration_method="max", calibration_eps=["cpu"], output_path=sys.argv[3], log_level="WARNING")
 """
-FP8_TYPES = (17, 18, 19, 20)  # onnx.TensorProto FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ
 
 
 def placement(model) -> dict[tuple[str, int], tuple[str, str, str]]:
     """(consumer node name, input index) -> (element type, granularity, 'weight' | 'activation') for every input
     that reads a DequantizeLinear."""
+    from vitexport.tensorrt_engine.fusion import FP8_TYPES
+
     inits = {i.name: i for i in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
     dq = {n.output[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}

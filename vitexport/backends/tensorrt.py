@@ -142,8 +142,7 @@ class TensorRTRunner(Runner):
                           "io_dtypes": [str(in_dt), str(out_dt)], "timer": "CUDA events on the runner's stream",
                           **({} if self._chw == self._chw_max else
                              {"image_range": [list(self._chw[1:]), list(self._chw_max[1:])]}),
-                          "layer_precisions": self._layer_summary()})
-        self.info["engine_problems"] = self.engine_problems()
+                          **self._inspected()})
         self.warnings += [f"{self.plan_path.name}: {p}" for p in self.info["engine_problems"]]
 
     def engine_layers(self) -> EngineLayers:
@@ -155,17 +154,18 @@ class TensorRTRunner(Runner):
         inspector = self._engine.create_engine_inspector()
         return parse_engine_information(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
 
-    def engine_problems(self) -> list[str]:
+    def engine_problems(self, layers: EngineLayers | None = None) -> list[str]:
         """Why the engine does not run as the ONNX it was built from asks (engine_info.engine_problems: an FP32
         GEMM, a quantized GEMM that fell back, an attention site left unfused); empty when it does. An FP32 plan
-        is asked for nothing but its layers being readable."""
+        is asked for nothing but its layers being readable. `layers`: the engine's, when already read."""
         from ..tensorrt_engine.engine_info import engine_problems
         from ..tensorrt_engine.fusion import plan_expectations
 
-        try:
-            layers = self.engine_layers()
-        except VitexportError as e:
-            return [str(e)]
+        if layers is None:
+            try:
+                layers = self.engine_layers()
+            except VitexportError as e:
+                return [str(e)]
         if self.precision == "fp32":
             return []
         if self._source is None or not self._source.is_file():
@@ -174,11 +174,14 @@ class TensorRTRunner(Runner):
         quantized, sites = plan_expectations(self._source)
         return engine_problems(layers, self.precision, quantized, sites)
 
-    def _layer_summary(self) -> dict[str, Any] | str:
+    def _inspected(self) -> dict[str, Any]:
+        """The load's report of the engine's layers, read from the inspector once: their summary
+        (`layer_precisions`) and the check against the source graph (`engine_problems`)."""
         try:
-            return self.engine_layers().summary()
+            layers = self.engine_layers()
         except VitexportError as e:  # an older plan, or an inspector layout this version cannot read
-            return f"unreadable: {e}"
+            return {"layer_precisions": f"unreadable: {e}", "engine_problems": [str(e)]}
+        return {"layer_precisions": layers.summary(), "engine_problems": self.engine_problems(layers)}
 
     def _close(self) -> None:
         self._out_buffers.clear()

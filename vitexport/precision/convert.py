@@ -28,9 +28,9 @@ def graph_precision(path: Path) -> str:
         raise VitexportError(f"{path} is not a readable ONNX model.") from None
     ops = {n.op_type for n in model.graph.node}
     if ops & set(QDQ_OPS):
-        fp8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2,
-               onnx.TensorProto.FLOAT8E5M2FNUZ}
-        return "fp8" if any(i.data_type in fp8 for i in model.graph.initializer) else "int8"
+        from ..tensorrt_engine.fusion import FP8_TYPES
+
+        return "fp8" if any(i.data_type in FP8_TYPES for i in model.graph.initializer) else "int8"
     if any(init.data_type == onnx.TensorProto.FLOAT16 for init in model.graph.initializer) or \
             any(n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
                 for n in model.graph.node):
@@ -82,23 +82,18 @@ def load_weights(path: Path, skip: frozenset[str] = frozenset(), fp16: bool = Fa
     model = onnx.load(str(path), load_external_data=False)
     base = str(Path(path).parent)
     for t in model.graph.initializer:
-        if t.data_type != onnx.TensorProto.FLOAT and not uses_external_data(t):
-            continue
-        big = t.data_type == onnx.TensorProto.FLOAT and (uses_external_data(t) or len(t.raw_data) > LIGHT_BYTES)
-        if t.name in skip or (big and fp16):
-            array = None if t.name in skip else numpy_helper.to_array(t, base_dir=base)  # a copy: t keeps no bytes
-            t.ClearField("raw_data")
-            t.ClearField("external_data")
-            t.data_location = onnx.TensorProto.DEFAULT
-            if fp16 and t.data_type == onnx.TensorProto.FLOAT:
-                t.data_type = onnx.TensorProto.FLOAT16
-            if array is not None:
-                t.raw_data = (convert_np_to_float16(array) if fp16 else array).tobytes()
-        elif uses_external_data(t):
-            array = numpy_helper.to_array(t, base_dir=base)
-            t.ClearField("external_data")
-            t.data_location = onnx.TensorProto.DEFAULT
-            t.raw_data = array.tobytes()
+        external, is_float = uses_external_data(t), t.data_type == onnx.TensorProto.FLOAT
+        to_fp16 = fp16 and is_float and (external or len(t.raw_data) > LIGHT_BYTES)
+        if not (external or to_fp16 or (is_float and t.name in skip)):
+            continue  # inline already, and kept as it is
+        array = None if t.name in skip else numpy_helper.to_array(t, base_dir=base)  # a copy: t keeps no bytes
+        t.ClearField("raw_data")
+        t.ClearField("external_data")
+        t.data_location = onnx.TensorProto.DEFAULT
+        if fp16 and is_float:
+            t.data_type = onnx.TensorProto.FLOAT16
+        if array is not None:
+            t.raw_data = (convert_np_to_float16(array) if to_fp16 else array).tobytes()
     return model
 
 

@@ -22,11 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from ..tensorrt_engine.fusion import attention_sites
-from .convert import save_checked
-from .qdq import FP8, FP8_MAX, GemmSelection, insert_qdq_from, qdq_sources, select_gemms
+from .qdq import FP8, FP8_MAX, GemmSelection, select_gemms, selection_from, write_qdq
 
 FP8_HEAD_SIZES = (9, 256)  # ModelOpt quantizes the attention products when 8 < head size <= 256
 
@@ -41,17 +38,10 @@ def fp8_selection(model, excluded: set[str]) -> GemmSelection:
     for site in attention_sites(model):
         if site.head_size is not None and lo <= site.head_size <= hi and not {site.bmm1, site.bmm2} & excluded:
             nodes += [site.bmm1, site.bmm2]
-    order = {n.name: i for i, n in enumerate(model.graph.node)}
-    nodes = sorted(set(nodes), key=order.__getitem__)
-    consts = {i.name for i in model.graph.initializer}
-    acts = [i for n in nodes for i in ops[n].input[:2] if i and i not in consts]
-    return GemmSelection(nodes, list(dict.fromkeys(acts)))
+    return selection_from(model.graph, {n: (0, 1) for n in nodes})
 
 
 def write_fp8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]):
     """model.onnx + calibrated ranges -> the FP8 ONNX at `dst` (checked by onnx.checker); returns the graph written.
     The weights are quantized first and the FP32 model let go before the FP16 copy is made."""
-    gemms, model16 = qdq_sources(fp32_path, selection, True, np.float16, FP8_MAX, FP8)
-    model = insert_qdq_from(gemms, model16, selection, amax)
-    save_checked(model, dst, "FP8")
-    return model
+    return write_qdq(fp32_path, dst, selection, amax, "FP8", weight_max=FP8_MAX, fmt=FP8)

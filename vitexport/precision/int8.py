@@ -23,16 +23,14 @@ from ..errors import VitexportError
 from ..paths import sha256_file, write_text_atomic
 from ..progress import QUIET, Log
 from .calibrate import calibrate, calibration_batch
-from .convert import save_checked
 from .qdq import (
     CPU_WEIGHT_MAX,
     FP8_MAX,
     INT8_MAX,
     GemmSelection,
-    insert_qdq_from,
-    qdq_sources,
     select_gemms,
     trt_int8_invariants,
+    write_qdq,
     write_trt_int8,
 )
 
@@ -148,6 +146,14 @@ def write_cached_ranges(cache: Path, amax: dict[str, float], method: str, sample
     write_text_atomic(cache, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
+def placement_of(kind: str, settings) -> str:
+    """Where the Q/DQ of `kind` go: 'fp8' (FP8's own, precision/fp8.py), or for the INT8 kinds 'vitexport' or
+    'modelopt' (settings.placement, which only the TensorRT graph takes; the CPU graph is always vitexport's)."""
+    if kind == "fp8":
+        return "fp8"
+    return settings.placement if kind == "int8-trt" else "vitexport"
+
+
 def selection_for(fp32: Path, settings, kind: str = "int8") -> GemmSelection:
     """The GEMMs to quantize for these settings and kind, read from one load of the FP32 graph (its weights
     left on disk)."""
@@ -155,11 +161,12 @@ def selection_for(fp32: Path, settings, kind: str = "int8") -> GemmSelection:
 
     model = onnx.load(str(fp32), load_external_data=False)
     excluded = set(resolve_exclusions(model.graph, settings))
-    if kind == "fp8":
+    placement = placement_of(kind, settings)
+    if placement == "fp8":
         from .fp8 import fp8_selection
 
         return fp8_selection(model, excluded)
-    if kind == "int8-trt" and settings.placement == "modelopt":
+    if placement == "modelopt":
         from .placement import modelopt_selection
 
         return modelopt_selection(model, excluded)
@@ -210,11 +217,7 @@ def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax:
 
         model = write_fp8(fp32, dst, selection, amax)
     elif kind == "int8":
-        # the weights quantized one at a time, then the graph read without them: with a model in external data
-        # (over 2 GB) its FP32 weights are never all in memory
-        gemms, model = qdq_sources(fp32, selection, False, np.float32, CPU_WEIGHT_MAX)
-        model = insert_qdq_from(gemms, model, selection, amax, np.float32)
-        save_checked(model, dst, "INT8")
+        model = write_qdq(fp32, dst, selection, amax, "INT8", fp16=False, weight_max=CPU_WEIGHT_MAX)
     else:
         raise VitexportError(f"Unknown INT8 kind {kind!r}; choose one of: {', '.join(QDQ_KINDS)}.")
     inv = trt_int8_invariants(model)  # the graph just written, not read back

@@ -21,17 +21,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .qdq import LINEAR_OPS, GemmSelection, select_gemms
+from ..tensorrt_engine.fusion import attention_sites, constant_names, why_not_fused
+from .qdq import GemmSelection, select_gemms, selection_from
 
 
 def modelopt_selection(model, excluded: set[str]) -> GemmSelection:
     """ModelOpt's INT8 placement for an FP32 ModelProto (weights need not be loaded), with the input indices of the
     nodes that are not GEMMs (LayerNorm: its input; a residual Add: its GEMM branch)."""
-    from ..tensorrt_engine.fusion import attention_sites, why_not_fused
-
     graph = model.graph
     base = select_gemms(graph, excluded, skip_matrix_vector=True)
-    consts = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    consts = constant_names(graph)
     producer = {o: n for n in graph.node for o in n.output}
     gemm_outputs = {n.output[0] for n in graph.node if n.name in base.nodes}
 
@@ -69,9 +68,4 @@ def modelopt_selection(model, excluded: set[str]) -> GemmSelection:
             picks[n.name] = (0,)
         elif n.name in residual and n.input[residual[n.name][0]] in residual_outputs:
             picks[n.name] = (residual[n.name][1],)
-    order = [n.name for n in graph.node if n.name in picks]
-    ops = {n.name: n for n in graph.node}
-    acts = [ops[name].input[k] for name in order for k in picks[name]
-            if k < len(ops[name].input) and ops[name].input[k] not in consts]
-    inputs = {name: picks[name] for name in order if ops[name].op_type not in LINEAR_OPS or picks[name] != (0, 1)}
-    return GemmSelection(order, list(dict.fromkeys(acts)), inputs)
+    return selection_from(graph, picks)

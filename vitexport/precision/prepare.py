@@ -21,7 +21,7 @@ from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_
 from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, evaluate, open_validation
 from .convert import convert_fp16, graph_precision
-from .int8 import QDQ_KINDS, calibration_key, calibration_set, ranges, selection_for, write_int8
+from .int8 import QDQ_KINDS, calibration_key, calibration_set, placement_of, ranges, selection_for, write_int8
 from .settings import CalibOptions
 
 FP16_KINDS = ("fp16", "fp16-trt")  # FP32 LayerNorm/Softmax for CPU runtimes | every op FP16, shaped for TensorRT
@@ -104,14 +104,12 @@ def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manife
     out_path = folder.onnx(precision)
     key, reused, verdict = None, None, None
     with atomic_path(out_path, suffix=".onnx") as tmp:
-        if precision == "fp16":
-            with log.step(f"Converting to mixed FP16 (kept in FP32: {', '.join(opts.keep_fp32) or 'nothing'})"):
-                convert_fp16(fp32, tmp, tuple(opts.keep_fp32))
-            record.keep_fp32 = list(opts.keep_fp32)
-        elif precision == "fp16-trt":
-            with log.step("Converting to FP16 for TensorRT (every op in FP16, FP32 inputs/outputs)"):
-                convert_fp16(fp32, tmp, ())
-            record.keep_fp32 = []
+        if precision in FP16_KINDS:
+            keep = tuple(opts.keep_fp32) if precision == "fp16" else ()  # the TensorRT graph keeps nothing in FP32
+            what = "mixed FP16" if precision == "fp16" else "FP16 for TensorRT"
+            with log.step(f"Converting to {what} (kept in FP32: {', '.join(keep) or 'nothing'})"):
+                convert_fp16(fp32, tmp, keep)
+            record.keep_fp32 = list(keep)
         else:
             key, reused = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, log)
         if held is not None:
@@ -163,17 +161,17 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
         log.warn(f"Asked for {opts.samples} calibration inputs, {calib_root} has only {data.count}: using {data.count}.")
     settings = opts.int8
     selection = selection_for(fp32, settings, kind)
-    modelopt = kind == "int8-trt" and settings.placement == "modelopt"  # other tensors: its own calibration
-    placement = {"placement": "fp8"} if kind == "fp8" else {"placement": "modelopt"} if modelopt else {}
+    placement = placement_of(kind, settings)  # another placement measures other tensors: its own calibration
+    keyed = {} if placement == "vitexport" else {"placement": placement}
     with log.step(f"Hashing {data.count} calibration inputs for the cache key"):
-        key = calibration_key(fp32_sha, data, manifest.preprocess.to_dict(), {**settings.to_dict(), **placement})
+        key = calibration_key(fp32_sha, data, manifest.preprocess.to_dict(), {**settings.to_dict(), **keyed})
     amax, reused, used = ranges(fp32, data, manifest.preprocess, manifest.input_name, selection, settings,
                                 folder.calib_cache(key), log)
     with log.step(f"Writing {folder.onnx(kind).name} ({len(selection.nodes)} {artifact_kind(kind).precision.upper()} "
                   f"GEMMs)"):
         record.qdq = write_int8(kind, fp32, dst, selection, amax)
     if kind == "int8-trt":
-        record.qdq["placement"] = settings.placement
+        record.qdq["placement"] = placement
     s = settings.to_dict()
     record.calibration = CalibrationRecord(
         key=key, method=settings.method, samples=used, data=str(calib_root.resolve()),
@@ -209,7 +207,7 @@ def _made_with(rec: PrecisionRecord, kind: str, calib: CalibOptions, manifest: M
     cal = rec.calibration
     if cal is None:
         return False
-    if kind == "int8-trt" and (rec.qdq or {}).get("placement", "vitexport") != calib.int8.placement:
+    if kind == "int8-trt" and (rec.qdq or {}).get("placement", "vitexport") != placement_of(kind, calib.int8):
         return False
     data = Path(calib.data) if calib.data else default_calib_dir(manifest.variant)
     wanted = {"data": str(data.resolve()), "requested_samples": calib.samples, **calib.int8.to_dict()}

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..artifacts.folder import CPU_INT8_WEIGHT_MAX
 from ..errors import VitexportError, first_line
-from ..tensorrt_engine.fusion import LINEAR_OPS
+from ..tensorrt_engine.fusion import LINEAR_OPS, constant_names
 from .convert import load_weights, save_checked, to_fp16, topological_sort, with_inferred_types
 
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
@@ -77,8 +77,14 @@ class GemmSelection:
         return self.inputs.get(node.name, range(min(2, len(node.input))))
 
 
-def _constants(graph) -> set[str]:
-    return {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+def selection_from(graph, picks: dict[str, tuple[int, ...]]) -> GemmSelection:
+    """The selection of the nodes in `picks` (node -> the input indices to quantize), in graph order, with the
+    activations among those inputs (what calibration measures)."""
+    consts = constant_names(graph)
+    nodes = [n for n in graph.node if n.name in picks]
+    acts = [n.input[k] for n in nodes for k in picks[n.name] if k < len(n.input) and n.input[k] not in consts]
+    inputs = {n.name: picks[n.name] for n in nodes if tuple(picks[n.name]) != tuple(range(min(2, len(n.input))))}
+    return GemmSelection([n.name for n in nodes], list(dict.fromkeys(acts)), inputs)
 
 
 def _rank(graph, name: str) -> int | None:
@@ -103,7 +109,7 @@ def select_gemms(graph, excluded: set[str], quantize_attention: bool = False,
     quantize_attention adds the MatMuls of two activations (Q.K^T, A.V); skip_matrix_vector leaves (batch, K)
     products (the head) in float.
     """
-    consts = _constants(graph)
+    consts = constant_names(graph)
     nodes, acts = [], []
     for node in graph.node:
         if node.op_type not in LINEAR_OPS or node.name in excluded:
@@ -243,7 +249,7 @@ class _QDQWriter:
     def __init__(self, fp32: FloatGemms, graph, amax: dict[str, float], scale_dtype) -> None:
         self.weights, self.fmt = fp32.weights, fp32.fmt
         self.graph, self.amax, self.dtype = graph, amax, scale_dtype
-        self.consts = _constants(graph)
+        self.consts = constant_names(graph)
         self.inits, self.nodes = [], []
         self.done: dict[tuple, str] = {}  # (tensor, axis) -> the DQ output that replaces it
 
@@ -323,13 +329,20 @@ def _converted(model, version: int):
             from None
 
 
-def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]):
-    """model.onnx + calibrated ranges -> the TensorRT-shaped INT8 ONNX at `dst` (checked by onnx.checker);
-    returns the graph written."""
-    gemms, model16 = qdq_sources(fp32_path, selection, fp16=True)
-    model = insert_qdq_from(gemms, model16, selection, amax)
-    save_checked(model, dst, "TensorRT INT8")
+def write_qdq(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float], what: str, *,
+              fp16: bool = True, weight_max: float = INT8_MAX, fmt: QFormat = INT8):
+    """model.onnx + calibrated ranges -> a Q/DQ ONNX at `dst` (checked by onnx.checker), read one weight at a time
+    (qdq_sources); FP16 remainder and scales when fp16, else FP32. Returns the graph written."""
+    scale_dtype = np.float16 if fp16 else np.float32
+    gemms, model = qdq_sources(fp32_path, selection, fp16, scale_dtype, weight_max, fmt)
+    model = insert_qdq_from(gemms, model, selection, amax, scale_dtype)
+    save_checked(model, dst, what)
     return model
+
+
+def write_trt_int8(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]):
+    """model.onnx + calibrated ranges -> the TensorRT-shaped INT8 ONNX at `dst`; returns the graph written."""
+    return write_qdq(fp32_path, dst, selection, amax, "TensorRT INT8")
 
 
 # -- invariants (what tests and `vitexport info` check) ------------------------------------------------------

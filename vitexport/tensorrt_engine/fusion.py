@@ -20,7 +20,12 @@ from dataclasses import dataclass
 
 LINEAR_OPS = ("MatMul", "Gemm", "Conv")
 _FLOAT_NAMES = {1: "fp32", 10: "fp16", 16: "bf16"}  # onnx.TensorProto element types of the products' inputs
-_FP8_TYPES = (17, 18, 19, 20)  # FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ
+FP8_TYPES = (17, 18, 19, 20)  # onnx.TensorProto FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ
+
+
+def constant_names(graph) -> set[str]:
+    """The tensors of a graph known before it runs: its initializers and the outputs of its Constant nodes."""
+    return {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ def attention_sites(model) -> list[AttentionSite]:
     for n in graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    consts = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    consts = constant_names(graph)
     types = {v.name: v.type.tensor_type for v in [*graph.value_info, *graph.input, *graph.output]}
     inits = {i.name: i for i in graph.initializer}
 
@@ -87,7 +92,7 @@ def attention_sites(model) -> list[AttentionSite]:
         src, dq = through_dq(name)
         if dq is not None:
             zp = inits.get(dq.input[2]) if len(dq.input) > 2 else None
-            return "fp8" if zp is not None and zp.data_type in _FP8_TYPES else "int8"
+            return "fp8" if zp is not None and zp.data_type in FP8_TYPES else "int8"
         t = types.get(name)
         return _FLOAT_NAMES.get(t.elem_type, "unknown") if t is not None else "unknown"
 
