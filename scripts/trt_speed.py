@@ -122,7 +122,8 @@ def table(rows: Sequence[SpeedRow]) -> str:
     for r in rows:
         vs = "1.00" if r.vs_fp16 is None else f"{r.vs_fp16:.2f} ({r.vs_fp16_range[0]:.2f}-{r.vs_fp16_range[1]:.2f})" \
             if r.vs_fp16_range else f"{r.vs_fp16:.2f}"
-        lines.append((r.model, r.precision.upper(), r.source_onnx, r.placement or "-", str(r.batch), f"{r.throughput:,.0f}", vs,
+        lines.append((r.model, r.precision.upper(), r.source_onnx, r.placement or "-", str(r.batch),
+                      f"{r.throughput:,.0f}", vs,
                       pct(r.top1_agree), pct(r.acc), "-" if r.cos_min is None else f"{r.cos_min:.5f}",
                       "ok" if not r.engine_problems else f"{len(r.engine_problems)} problem(s)"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]

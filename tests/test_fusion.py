@@ -150,7 +150,8 @@ def _engine(model, layout, *, gemm_type="Half", unfused=(), fp16_gemms=()):
     for i, node in enumerate(model.graph.node):
         if node.op_type in LINEAR_OPS and any(x in consts or "_dq" in x for x in node.input[1:2]):
             dtype = "Half" if node.name in fp16_gemms else gemm_type
-            tactic = "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n" if dtype == "Half" else "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n"
+            tactic = ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n" if dtype == "Half"
+                      else "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n")
             layers.append({"Name": f"__myl_MatMul_myl0_{i}", "LayerType": "gemm", "TacticName": tactic,
                            "Inputs": [_tensor(layout, [8, 65, 64], dtype), _tensor(layout, [64, 64], dtype),
                                       _tensor(layout, [1], "Float")],
@@ -292,7 +293,8 @@ def test_the_placement_is_recorded_and_a_change_remakes_the_graph(graphs):
     run_quantize(folder, "int8-trt", mo)
     assert folder.read_manifest().precisions["int8-trt"].qdq["placement"] == "modelopt"
     assert stale_reason(folder, "int8-trt", mo) is None
-    assert stale_reason(folder, "int8-trt", default) == "model.int8.trt.onnx was made with other options: making it again."
+    assert stale_reason(folder, "int8-trt", default) == \
+        "model.int8.trt.onnx was made with other options: making it again."
     run_quantize(folder, "int8-trt", default)
     record = folder.read_manifest().precisions["int8-trt"]
     assert record.qdq["placement"] == "vitexport" and record.qdq["quantized_gemms"] == 17

@@ -314,7 +314,8 @@ def test_int8_of_a_model_in_external_data_is_the_int8_of_the_inline_one(tmp_path
         onnx.checker.check_model(str(b.onnx_path), full_check=True)
         ma, mb = onnx.load(str(a.onnx_path)), onnx.load(str(b.onnx_path))
         assert not any(i.external_data for i in mb.graph.initializer)  # 8-bit weights fit in one file
-        assert [(n.op_type, list(n.input)) for n in ma.graph.node] == [(n.op_type, list(n.input)) for n in mb.graph.node]
+        assert [(n.op_type, list(n.input)) for n in ma.graph.node] == \
+            [(n.op_type, list(n.input)) for n in mb.graph.node]
         wa = {i.name: numpy_helper.to_array(i) for i in ma.graph.initializer}
         wb = {i.name: numpy_helper.to_array(i) for i in mb.graph.initializer}
         assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa), kind

@@ -31,7 +31,8 @@ from ..errors import VitexportError
 PRECISION_ORDER = ("int4", "fp4", "int8", "fp8", "fp16", "bf16", "fp32", "fp64", "int32", "int64", "uint8", "bool")
 
 _TYPE_WORDS = {
-    "int8": "int8", "i8": "int8", "fp8": "fp8", "e4m3": "fp8", "float8": "fp8", "float8e4m3fn": "fp8", "int4": "int4", "fp4": "fp4", "fp4e2m1": "fp4",
+    "int8": "int8", "i8": "int8", "fp8": "fp8", "e4m3": "fp8", "float8": "fp8", "float8e4m3fn": "fp8",
+    "int4": "int4", "fp4": "fp4", "fp4e2m1": "fp4",
     "fp16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
     "fp32": "fp32", "float": "fp32", "float32": "fp32", "tf32": "fp32", "double": "fp64", "fp64": "fp64",
     "int32": "int32", "int64": "int64", "uint8": "uint8", "bool": "bool",

@@ -2,8 +2,8 @@
 
 Read from the graph alone (no tensorrt import); vitexport.tensorrt_engine.engine_info checks a built engine against it.
 
-An attention site is Q.K^T -> (Mul/Div) -> Softmax -> .V, the pattern TensorRT's multi-head attention fusion and NVIDIA ModelOpt's ONNX quantizer match
-(`modelopt/onnx/quantization/graph_utils.py`): a MatMul of two activations, at most one Mul or Div by a constant,
+An attention site is Q.K^T -> (Mul/Div) -> Softmax -> .V, the pattern TensorRT's multi-head attention fusion and
+NVIDIA ModelOpt's ONNX quantizer match (`modelopt/onnx/quantization/graph_utils.py`): a MatMul of two activations, at most one Mul or Div by a constant,
 a Softmax, and a MatMul that reads the Softmax (through a Q/DQ pair when the products are quantized). A Cast
 anywhere between them, as in a graph that keeps Softmax in FP32, is no site: TensorRT cannot fuse it.
 
