@@ -202,3 +202,25 @@ def plain_name(name: object, what: str) -> str:
         raise VitexportError(f"{what} names {name!r}, which is not a plain file name inside the model folder; "
                              f"vitexport reads and writes only inside it (re-export the model, or fix the record).")
     return str(name)
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, for the PNG plots (`bench --plot`, `quantize --sensitivity --plot`):
+    the optional `plot` extra, imported only when a plot is asked for; one sentence when it is not installed."""
+    from .errors import VitexportError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise VitexportError("--plot needs matplotlib: pip install 'vitexport[plot]'.") from None
+    return plt
+
+
+def save_png(fig, path: Path, dpi: int = 120) -> None:
+    """A matplotlib figure as a PNG at path, written through a temporary file, then closed."""
+    with atomic_path(Path(path), suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+    pyplot().close(fig)

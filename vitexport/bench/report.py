@@ -9,8 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import VitexportError
-from ..paths import atomic_path, write_text_atomic
+from ..paths import pyplot, save_png, write_text_atomic
 from .run import BackendResult, BenchReport
 
 
@@ -296,13 +295,7 @@ def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def plot(report: BenchReport, path: Path) -> None:
     """Accuracy (labelled data) or top-1 agreement with the reference against throughput: one point per backend
     and batch, its 95 % interval as an error bar, and the Pareto front a user chooses from."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise VitexportError("--plot needs matplotlib: pip install 'vitexport[plot]'.") from None
+    plt = pyplot()
     labelled = report.data["labelled"]
     fig, ax = plt.subplots(figsize=(8, 5))
     points = []
@@ -329,9 +322,7 @@ def plot(report: BenchReport, path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    with atomic_path(Path(path), suffix=".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def write_outputs(report: BenchReport, json_path=None, markdown_path=None, csv_path=None, plot_path=None) -> list[Path]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
@@ -223,27 +223,28 @@ def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, fl
 
 
 def insert_qdq_from(fp32: FloatGemms, model16, selection: GemmSelection, amax: dict[str, float],
-                    scale_dtype=np.float16):
-    """insert_qdq with the FP32 side read beforehand (float_gemms)."""
+                    scale_dtype=np.float16, writer: "Callable[..., QDQWriter] | None" = None):
+    """insert_qdq with the FP32 side read beforehand (float_gemms); `writer`: a QDQWriter subclass (sensitivity's
+    switched graph)."""
 
     opset = FP8_OPSET if fp32.fmt is FP8 else TRT_INT8_OPSET
     if scale_dtype == np.float16 and (_opset(model16) < BUMPABLE_FROM or (
             opset > TRT_INT8_OPSET and {n.op_type for n in model16.graph.node} & set(CHANGED_BY_21))):
         model16 = _converted(model16, opset)
-    writer = _QDQWriter(fp32, model16.graph, amax, scale_dtype)
-    for node in model16.graph.node:
+    w = (writer or QDQWriter)(fp32, model16.graph, amax, scale_dtype)
+    for node in list(model16.graph.node):
         if node.name in selection.nodes:
             src = fp32.inputs[node.name]
             for k in selection.picked(node):
-                writer.quantize_input(node, k, src[k])
-    writer.finish()
+                w.quantize_input(node, k, src[k])
+    w.finish()
     topological_sort(model16.graph)
     if scale_dtype == np.float16:
         _set_opset(model16, opset)
     return with_inferred_types(model16)  # value_info is stale after the rewiring
 
 
-class _QDQWriter:
+class QDQWriter:
     """The Q/DQ nodes and initializers added to one graph; a tensor feeding several GEMMs gets one pair."""
 
     def __init__(self, fp32: FloatGemms, graph, amax: dict[str, float], scale_dtype) -> None:
