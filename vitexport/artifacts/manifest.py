@@ -147,19 +147,23 @@ class CalibrationRecord:
     exclude_nodes: list[str]  # kept in float, by node name
     exclude_blocks: list[int]  # transformer blocks kept in float
     skipped: int = 0  # chosen files that could not be read (damaged, links out of the folder, ...): left out
+    smoothquant: float | None = None  # SmoothQuant's alpha, when the LayerNorm-fed GEMMs were smoothed
+    fallback: dict | None = None  # --min-cos/--max-drop: the target, the groups kept in float, the speed cost
 
     def to_dict(self) -> dict:
         return {"key": self.key, "method": self.method, "samples": self.samples, "data": self.data,
                 "requested_samples": self.requested_samples, "percentile": self.percentile,
                 "quantize_attention": self.quantize_attention, "exclude_nodes": list(self.exclude_nodes),
-                "exclude_blocks": list(self.exclude_blocks), **({"skipped": self.skipped} if self.skipped else {})}
+                "exclude_blocks": list(self.exclude_blocks), **({"skipped": self.skipped} if self.skipped else {}),
+                **{k: v for k, v in (("smoothquant", self.smoothquant), ("fallback", self.fallback)) if v is not None}}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "CalibrationRecord":
         return cls(f.req("key", str), f.req("method", str), f.req("samples", int), f.req("data", str),
                    f.opt("requested_samples", int), f.opt("percentile", (int, float)),
                    bool(f.opt("quantize_attention", bool, False)), list(f.opt("exclude_nodes", list, [])),
-                   list(f.opt("exclude_blocks", list, [])), int(f.opt("skipped", int, 0)))
+                   list(f.opt("exclude_blocks", list, [])), int(f.opt("skipped", int, 0)),
+                   f.opt("smoothquant", (int, float)), f.opt("fallback", dict))
 
 
 @dataclass
@@ -240,16 +244,12 @@ class PrecisionRecord:
         d: dict[str, Any] = {"file": self.file, "source_sha256": self.source_sha256}
         if self.keep_fp32 is not None:
             d["keep_fp32"] = list(self.keep_fp32)
-        if self.calibration is not None:
-            d["calibration"] = self.calibration.to_dict()
+        for key, part in (("calibration", self.calibration), ("check", self.check), ("openvino", self.openvino),
+                          ("size_check", self.size_check)):
+            if part is not None:
+                d[key] = part.to_dict()
         if self.qdq is not None:
             d["qdq"] = dict(self.qdq)
-        if self.check is not None:
-            d["check"] = self.check.to_dict()
-        if self.openvino is not None:
-            d["openvino"] = self.openvino.to_dict()
-        if self.size_check is not None:
-            d["size_check"] = self.size_check.to_dict()
         return {**d, "sha256": self.sha256, **self.extra}
 
     @classmethod

@@ -46,3 +46,24 @@ def session_infer(sess, input_name: str, output_name: str):
     from .base import infer_in_chunks
 
     return lambda x: infer_in_chunks(lambda b: sess.run([output_name], {input_name: b})[0], x)
+
+
+def interleaved_latency(models: list[Path], x, optimize: str = "all", rounds: int = 5, runs: int = 5,
+                        threads: int | None = None) -> list[float]:
+    """Median milliseconds of one run of each model on input x (CPU), measured in interleaved rounds so drift of the
+    machine (clock, other load) falls on all of them alike; one warm-up run each first."""
+    import statistics
+    import time
+
+    sessions = [create_session(m, threads=threads, optimize=optimize) for m in models]
+    feeds = [{s.get_inputs()[0].name: x} for s in sessions]
+    for s, f in zip(sessions, feeds):
+        s.run(None, f)
+    times: list[list[float]] = [[] for _ in sessions]
+    for _ in range(rounds):
+        for i, (s, f) in enumerate(zip(sessions, feeds)):
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                s.run(None, f)
+                times[i].append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(t) for t in times]

@@ -25,6 +25,7 @@ from ..model.spec import user_spec
 from ..model.variants import DEFAULT_VARIANT, VARIANTS, parse_img_size
 from ..precision.settings import (
     CALIB_METHODS,
+    DEFAULT_ALPHA,
     DEFAULT_KEEP_FP32,
     DEFAULT_PERCENTILE,
     PLACEMENTS,
@@ -230,6 +231,15 @@ CALIB = OptionGroup(
         opt("--placement", type=click.Choice(PLACEMENTS), default="vitexport", show_default=True,
             help="INT8 for TensorRT: where the Q/DQ go: the weight GEMMs' inputs, or ModelOpt's placement (also "
                  "the attention products, the LayerNorm inputs and the residual Adds)."),
+        opt("--smoothquant", type=click.FloatRange(0, 1), is_flag=False, flag_value=DEFAULT_ALPHA, default=None,
+            metavar="[ALPHA]", help=f"INT8/FP8: SmoothQuant for the GEMMs a LayerNorm feeds (qkv, fc1): activation "
+                                    f"outliers moved into the weights, folded into LayerNorm (alpha default "
+                                    f"{DEFAULT_ALPHA:g})."),
+        opt("--min-cos", type=click.FloatRange(-1, 1), default=None, metavar="C",
+            help="INT8/FP8: return the costliest GEMM groups to float, fewest first, until the minimum cosine to "
+                 "FP32 on the held-out data is at least C."),
+        opt("--max-drop", type=click.FloatRange(min=0), default=None, metavar="POINTS",
+            help="INT8/FP8: the same, until the top-1 accuracy drop on labelled held-out data is within POINTS."),
         opt("--exclude-node", multiple=True, help="Keep this node in float (repeatable)."),
         opt("--exclude-block", type=int, multiple=True, help="Keep transformer block N in float (repeatable)."),
         opt("--keep-fp32", default=",".join(DEFAULT_KEEP_FP32), show_default=True, metavar="OP[,OP]",
@@ -238,11 +248,12 @@ CALIB = OptionGroup(
              help="Held-out images for the parity check. Default: the shipped held-out set."),
         opt("--no-check", is_flag=True, help="Skip the parity check against FP32."),
     ],
-    lambda calib_data, calib_samples, calib_method, percentile, quantize_attention, placement, exclude_node,
-    exclude_block, keep_fp32, check_data, no_check: CalibOptions(
+    lambda calib_data, calib_samples, calib_method, percentile, quantize_attention, placement, smoothquant, min_cos,
+    max_drop, exclude_node, exclude_block, keep_fp32, check_data, no_check: CalibOptions(
         data=calib_data, samples=calib_samples,
         int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
-                          exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block), placement=placement),
+                          exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block), placement=placement,
+                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop),
         keep_fp32=tuple(op.strip() for op in keep_fp32.split(",") if op.strip()),
         check=not no_check, check_data=check_data),
 )

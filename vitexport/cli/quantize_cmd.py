@@ -3,6 +3,8 @@ FP32."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from .groups import CALIB, MODEL, QUIET, TARGET, one_flag, use
@@ -23,8 +25,15 @@ TARGETS = {"fp16": {"cpu": ("fp16",), "tensorrt": ("fp16-trt",), "all": ("fp16",
               help="The graph for CPU runtimes (FP16: LayerNorm and Softmax in FP32; INT8: FP32 between the INT8 "
                    "GEMMs), the one shaped for TensorRT (every other op in FP16), or both (INT8: from one "
                    "calibration).")
+@click.option("--sensitivity", is_flag=True,
+              help="INT8/FP8: measure what each GEMM group (per block qkv, proj, fc1, fc2; the patch embedding, ...) "
+                   "costs alone quantized, on the held-out data; print them sorted by cost. Writes no model.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="With --sensitivity: one record per group (ONNX node names, block, kind, figures) to this file.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="With --sensitivity: a bar plot of the groups' costs, PNG (needs matplotlib).")
 @use(TARGET, MODEL, CALIB, QUIET)
-def quantize_command(fp16, int8, fp8, graph_target, target, spec, calib, log):
+def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot_path, target, spec, calib, log):
     """Write model.fp16.onnx, model.int8.onnx (or, with --target tensorrt, model.fp16.trt.onnx, model.int8.trt.onnx),
     or model.fp8.onnx beside an exported model, checked against FP32.
 
@@ -37,6 +46,10 @@ def quantize_command(fp16, int8, fp8, graph_target, target, spec, calib, log):
     if precision == "fp16" and (calib.data or calib.samples):
         log.warn("--calib-data/--calib-samples only matter for --int8 and --fp8; FP16 needs no calibration.")
     kinds = TARGETS[precision][graph_target]
+    if (json_path or plot_path) and not sensitivity:
+        raise click.UsageError("--json and --plot write what --sensitivity measures; add --sensitivity.")
+    if sensitivity:
+        return _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, log)
     from ..ensure import ensure_artifact
 
     for kind in kinds:
@@ -47,3 +60,27 @@ def quantize_command(fp16, int8, fp8, graph_target, target, spec, calib, log):
                        + (f", top-1 {v.stats.acc_ref:.2%} -> {v.stats.acc:.2%}" if v.stats.acc is not None else "")
                        + ")")
         click.echo(f"{kind.upper()} model: {artifact.path}")
+
+
+def _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, log):
+    if precision == "fp16":
+        raise click.UsageError("--sensitivity measures the GEMMs of --int8 or --fp8.")
+    if len(kinds) > 1:
+        raise click.UsageError("--sensitivity measures one graph: choose --target cpu or --target tensorrt.")
+    if calib.int8.min_cos is not None or calib.int8.max_drop is not None:
+        raise click.UsageError("--sensitivity only measures; --min-cos/--max-drop make a model: run them apart.")
+    from ..artifacts.workspace import writing
+    from ..ensure import open_model
+    from ..precision.prepare import run_sensitivity
+    from ..precision.sensitivity_report import plot, table, write_json
+
+    folder = open_model(target, spec, log=log)
+    with writing(folder, log):  # the calibration cache is the folder's
+        sens = run_sensitivity(folder, kinds[0], calib, log)
+    click.echo(table(sens))
+    if json_path:
+        write_json(sens, str(folder.path), json_path)
+        click.echo(f"JSON: {json_path}")
+    if plot_path:
+        plot(sens, plot_path)
+        click.echo(f"Plot: {plot_path}")

@@ -123,6 +123,26 @@ def _kl_threshold(hist: np.ndarray, nq: int = ENTROPY_QUANT_BINS, stride: int = 
     return best_i
 
 
+class ChannelMax:
+    """The per-channel mode: the largest |x| of each channel (the last axis) over every batch, token and image, as
+    SmoothQuant needs it."""
+
+    def __init__(self) -> None:
+        self.amax: np.ndarray | None = None
+
+    def update(self, x: np.ndarray) -> None:
+        a = np.abs(np.asarray(x, dtype=np.float32))
+        m = a.reshape(-1, a.shape[-1]).max(axis=0) if a.size else None
+        if m is None:
+            return
+        if not np.all(np.isfinite(m)):
+            raise VitexportError("Calibration saw NaN or Inf activations; check the calibration inputs.")
+        self.amax = m if self.amax is None else np.maximum(self.amax, m)
+
+    def result(self) -> list[float]:
+        return [] if self.amax is None else [float(v) for v in self.amax]
+
+
 class _Collector:
     def __init__(self, method: str, percentile: float) -> None:
         self.method, self.percentile = method, percentile
@@ -171,7 +191,7 @@ def calibration_batch(model_path: Path, tensors: list[str], largest: int, budget
 
 @dataclass
 class CalibrationStats:
-    amax: dict[str, float]  # tensor name -> symmetric range (scale = amax / 127)
+    amax: dict[str, float]  # tensor name -> symmetric range (scale = amax / 127); per_channel: a list per channel
     samples: int
     seconds: float
 
@@ -197,8 +217,9 @@ def observed_model_bytes(model_path: Path, tensors: list[str]) -> bytes:
 
 def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray], input_name: str,
               method: str = "percentile", percentile: float = 99.999, threads: int | None = None,
-              tick: Tick | None = None) -> CalibrationStats:
-    """Run `batches` through the FP32 model and return each tensor's symmetric range; memory stays flat."""
+              tick: Tick | None = None, per_channel: bool = False) -> CalibrationStats:
+    """Run `batches` through the FP32 model and return each tensor's symmetric range; memory stays flat.
+    per_channel: each tensor's largest |x| per channel of its last axis instead (ChannelMax; `method` unused)."""
     if method not in CALIBRATION_METHODS:
         raise VitexportError(f"Unknown calibration method {method!r}; choose one of: {', '.join(CALIBRATION_METHODS)}.")
     if not 0 < percentile <= 100:
@@ -206,7 +227,7 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
     t0 = time.perf_counter()
     sess = create_session(observed_model_bytes(Path(model_path), tensors), threads=threads,
                           external_folder=Path(model_path).parent)
-    collectors = {t: _Collector(method, percentile) for t in tensors}
+    collectors = {t: ChannelMax() if per_channel else _Collector(method, percentile) for t in tensors}
     n = 0
     for x in batches:
         outs = sess.run(tensors, {input_name: np.ascontiguousarray(x, dtype=np.float32)})
@@ -218,6 +239,6 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
             tick(len(x))
     if n == 0:
         raise VitexportError("No calibration inputs were given.")
-    amax = {t: float(c.result()) for t, c in collectors.items()}
+    amax = {t: c.result() if per_channel else float(c.result()) for t, c in collectors.items()}
     return CalibrationStats(amax, n, time.perf_counter() - t0)
 

@@ -25,13 +25,15 @@ from ..progress import QUIET, Log
 from .calibrate import calibrate, calibration_batch
 from .qdq import (
     CPU_WEIGHT_MAX,
+    FP8,
     FP8_MAX,
+    INT8,
     INT8_MAX,
     GemmSelection,
+    QFormat,
     select_gemms,
     trt_int8_invariants,
     write_qdq,
-    write_trt_int8,
 )
 
 CACHE_FORMAT = "vitexport-calibration/2"
@@ -206,25 +208,64 @@ def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, select
     return stats.amax, False, stats.samples
 
 
+@dataclass(frozen=True)
+class KindFormat:
+    """How a Q/DQ kind is written: its remainder's float type, its weights' range and element type."""
+
+    what: str  # named in messages
+    fp16: bool  # FP16 remainder and scales (else FP32)
+    weight_max: float  # the weights' range: [-weight_max, weight_max]
+    fmt: QFormat
+
+
+KIND_FORMATS = {"int8": KindFormat("INT8", False, CPU_WEIGHT_MAX, INT8),
+                "int8-trt": KindFormat("TensorRT INT8", True, INT8_MAX, INT8),
+                "fp8": KindFormat("FP8", True, FP8_MAX, FP8)}
+
+
+def kind_format(kind: str) -> KindFormat:
+    if kind not in KIND_FORMATS:
+        raise VitexportError(f"Unknown INT8 kind {kind!r}; choose one of: {', '.join(QDQ_KINDS)}.")
+    return KIND_FORMATS[kind]
+
+
+CHANNEL_FORMAT = "vitexport-channel-max/1"
+
+
+def channel_maxima(fp32: Path, data: CalibrationSet, preprocess, input_name: str, tensors: list[str], cache: Path,
+                   log: Log) -> dict[str, list[float]]:
+    """Each tensor's largest |x| per channel over the calibration inputs (what SmoothQuant needs), cached in
+    calib-cache like the ranges."""
+    try:
+        body = json.loads(cache.read_text()) if cache.is_file() else None
+        got = body["max"] if body and body.get("format") == CHANNEL_FORMAT else None
+        if isinstance(got, dict) and all(isinstance(got.get(t), list) and got[t] and all(
+                isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in got[t]) for t in tensors):
+            log.info(f"Reusing the per-channel maxima in {cache.name}.")
+            return {t: [float(v) for v in got[t]] for t in tensors}
+        if body is not None:
+            log.warn(f"The calibration cache {cache.name} is damaged or incomplete: measuring again.")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        log.warn(f"The calibration cache {cache.name} is damaged or incomplete: measuring again.")
+    with log.step(f"Measuring per-channel maxima of {len(tensors)} LayerNorm outputs on {data.count} inputs"):
+        with log.bar("per-channel maxima", data.count) as tick:
+            stats = calibrate(fp32, tensors, data.batches(preprocess, calibration_batch(fp32, tensors, CALIB_BATCH)),
+                              input_name, tick=tick, per_channel=True)
+    write_text_atomic(cache, json.dumps({"format": CHANNEL_FORMAT, "samples": stats.samples, "max": stats.amax},
+                                        sort_keys=True) + "\n")
+    return stats.amax  # type: ignore[return-value]
+
+
 def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]) -> dict:
     """Write the Q/DQ graph of `kind` (an INT8 kind, or fp8) to dst (checked by onnx.checker); returns its Q/DQ
     invariants."""
-
-    if kind == "int8-trt":
-        model = write_trt_int8(fp32, dst, selection, amax)
-    elif kind == "fp8":
-        from .fp8 import write_fp8
-
-        model = write_fp8(fp32, dst, selection, amax)
-    elif kind == "int8":
-        model = write_qdq(fp32, dst, selection, amax, "INT8", fp16=False, weight_max=CPU_WEIGHT_MAX)
-    else:
-        raise VitexportError(f"Unknown INT8 kind {kind!r}; choose one of: {', '.join(QDQ_KINDS)}.")
+    f = kind_format(kind)
+    model = write_qdq(fp32, dst, selection, amax, f.what, fp16=f.fp16, weight_max=f.weight_max, fmt=f.fmt)
     inv = trt_int8_invariants(model)  # the graph just written, not read back
     if inv["nonzero_zero_points"]:
         raise VitexportError("Quantization produced non-zero zero points, which TensorRT rejects.")
     inv["quantized_gemms"] = len(selection.nodes)
-    inv["weight_max"] = {"int8": CPU_WEIGHT_MAX, "fp8": FP8_MAX}.get(kind, INT8_MAX)  # the weights' range: [-max, max]
+    inv["weight_max"] = f.weight_max  # the weights' range: [-max, max]
     return inv
 
 

@@ -6,23 +6,37 @@ previous good file.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..artifacts.folder import ModelFolder, artifact_kind
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
 from ..artifacts.verify import BROKEN, MISSING, check_onnx
-from ..backends.ort_session import create_session, optimization_for, session_infer
+from ..backends.ort_session import create_session, interleaved_latency, optimization_for, session_infer
 from ..data.stream import OutputStore
 from ..errors import ParityError, VitexportError
 from ..model.spec import second_size
-from ..parity.compare import ParityVerdict, Thresholds, describe, judge
+from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, describe, judge
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_file
 from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, evaluate, open_validation
 from .convert import convert_fp16, graph_precision
-from .int8 import QDQ_KINDS, calibration_key, calibration_set, placement_of, ranges, selection_for, write_int8
+from .groups import without
+from .int8 import (
+    QDQ_KINDS,
+    calibration_key,
+    calibration_set,
+    channel_maxima,
+    placement_of,
+    ranges,
+    selection_for,
+    write_int8,
+)
+from .qdq import GemmSelection
+from .sensitivity import Sensitivity, Simulator, Target, measure, search
 from .settings import CalibOptions
+from .smoothquant import smooth_sites, write_smoothed
 
 FP16_KINDS = ("fp16", "fp16-trt")  # FP32 LayerNorm/Softmax for CPU runtimes | every op FP16, shaped for TensorRT
 CONVERTERS = (*FP16_KINDS, *QDQ_KINDS)  # the ARTIFACTS kinds this step makes
@@ -111,11 +125,13 @@ def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manife
                 convert_fp16(fp32, tmp, keep)
             record.keep_fp32 = list(keep)
         else:
-            key, reused = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, log)
+            key, reused, verdict = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, held, log)
         if held is not None:
-            with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs ({held.source})"):
-                verdict = check_against_fp32(fp32, tmp, held, artifact_kind(precision).precision, manifest,
-                                             opts.thresholds, log)
+            if verdict is None:  # a fallback checked what it wrote already
+                with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs "
+                              f"({held.source})"):
+                    verdict = check_against_fp32(fp32, tmp, held, artifact_kind(precision).precision, manifest,
+                                                 opts.thresholds, log)
             record.check = HeldOutCheck.from_verdict(held.source, verdict)
             failures = list(verdict.failures)
             if not failures and manifest.img_size_range is not None:
@@ -124,8 +140,12 @@ def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manife
             if failures:
                 rejected = folder.rejected(precision)
                 os.replace(tmp, rejected)
+                hint = "" if precision not in QDQ_KINDS else (
+                    " To see which GEMMs cost the most, run `vitexport quantize` with --sensitivity; --min-cos C or "
+                    "--max-drop POINTS keeps the costliest in float until that holds, and --smoothquant moves "
+                    "LayerNorm outliers into the weights.")
                 raise ParityError(f"{precision.upper()} model failed the parity check ({'; '.join(failures)}); "
-                                  f"kept it as {rejected} and left {out_path.name} unchanged.")
+                                  f"kept it as {rejected} and left {out_path.name} unchanged.{hint}")
     record.sha256 = sha256_file(out_path)
     folder.record_precision(precision, record)
     return PrecisionResult(precision, out_path, verdict, reused, key)
@@ -150,11 +170,26 @@ def _check_second_size(fp32: Path, candidate: Path, precision: str, manifest: Ma
     return size, verdict
 
 
-def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Path, manifest: Manifest,
-              opts: CalibOptions, record: PrecisionRecord, log: Log) -> tuple[str, bool]:
-    """Calibrate in bounded memory (or reuse the cached ranges), write the Q/DQ graph of `kind` to dst; fills the
-    record's calibration fields. The ranges are shared by both INT8 kinds: the second one made reuses the cache.
-    FP8 measures other tensors (the attention products), so its key and cache are its own."""
+@dataclass
+class Calibrated:
+    """A kind's GEMMs and their ranges, ready to be written."""
+
+    source: Path  # the FP32 graph the Q/DQ go into: model.onnx, or its smoothed copy (--smoothquant)
+    selection: GemmSelection
+    amax: dict[str, float]
+    key: str
+    reused: bool
+    used: int  # calibration inputs used
+    root: Path  # the calibration data
+    skipped: int
+    smoothed: dict[str, float] | None = None  # LayerNorm -> the largest SmoothQuant factor applied
+
+
+def _calibrated(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, manifest: Manifest, opts: CalibOptions,
+                scratch: Path, log: Log) -> Calibrated:
+    """Choose the GEMMs, smooth them when asked (the smoothed FP32 copy goes in `scratch`), then calibrate in bounded
+    memory or reuse the cached ranges. The ranges are shared by both INT8 kinds: the second one made reuses the
+    cache. FP8 and ModelOpt's placement measure other tensors, so their keys and caches are their own."""
     calib_root = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
     data = calibration_set(calib_root, manifest.preprocess, opts.samples)
     if opts.samples is not None and data.count < opts.samples:
@@ -163,21 +198,137 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
     selection = selection_for(fp32, settings, kind)
     placement = placement_of(kind, settings)  # another placement measures other tensors: its own calibration
     keyed = {} if placement == "vitexport" else {"placement": placement}
+    pp = manifest.preprocess.to_dict()
+    source, smoothed, source_sha = fp32, None, fp32_sha
+    if settings.smoothquant is not None:
+        import onnx
+
+        sites = smooth_sites(onnx.load(str(fp32), load_external_data=False).graph, set(selection.nodes))
+        if not sites:
+            log.warn("No LayerNorm feeds quantized MatMuls of its own: --smoothquant changes nothing.")
+        tensors = [site.tensor for site in sites]
+        stats_key = calibration_key(fp32_sha, data, pp, {"per_channel": tensors})
+        x_max = channel_maxima(fp32, data, manifest.preprocess, manifest.input_name, tensors,
+                               folder.calib_cache(stats_key), log) if tensors else {}
+        source = scratch / "smoothed.onnx"
+        with log.step(f"Smoothing {len(sites)} LayerNorms and their GEMMs (alpha {settings.smoothquant:g})"):
+            smoothed = write_smoothed(fp32, source, sites, x_max, settings.smoothquant)
+            source_sha = sha256_file(source)  # the ranges are the smoothed graph's: its bytes key them
     with log.step(f"Hashing {data.count} calibration inputs for the cache key"):
-        key = calibration_key(fp32_sha, data, manifest.preprocess.to_dict(), {**settings.to_dict(), **keyed})
-    amax, reused, used = ranges(fp32, data, manifest.preprocess, manifest.input_name, selection, settings,
+        key = calibration_key(source_sha, data, pp, {**settings.to_dict(), **keyed})
+    amax, reused, used = ranges(source, data, manifest.preprocess, manifest.input_name, selection, settings,
                                 folder.calib_cache(key), log)
-    with log.step(f"Writing {folder.onnx(kind).name} ({len(selection.nodes)} {artifact_kind(kind).precision.upper()} "
-                  f"GEMMs)"):
-        record.qdq = write_int8(kind, fp32, dst, selection, amax)
+    return Calibrated(source, selection, amax, key, reused, used, calib_root, data.count - used, smoothed)
+
+
+def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Path, manifest: Manifest,
+              opts: CalibOptions, record: PrecisionRecord, held: ValidationSet | None,
+              log: Log) -> tuple[str, bool, ParityVerdict | None]:
+    """Calibrate (_calibrated), write the Q/DQ graph of `kind` to dst, fill the record's calibration fields; with a
+    fallback target, first choose the groups kept in float (_fall_back, which checks what it writes: its verdict is
+    returned, else None)."""
+    settings = opts.int8
+    with tempfile.TemporaryDirectory(prefix="vitexport-int8-") as scratch:
+        cal = _calibrated(folder, kind, fp32, fp32_sha, manifest, opts, Path(scratch), log)
+        verdict, fallback = None, None
+        if settings.target():
+            verdict, fallback = _fall_back(kind, fp32, cal, dst, held, manifest, opts, record, Path(scratch), log)
+        else:
+            with log.step(f"Writing {folder.onnx(kind).name} ({len(cal.selection.nodes)} "
+                          f"{artifact_kind(kind).precision.upper()} GEMMs)"):
+                record.qdq = write_int8(kind, cal.source, dst, cal.selection, cal.amax)
     if kind == "int8-trt":
-        record.qdq["placement"] = placement
+        record.qdq["placement"] = placement_of(kind, settings)
     s = settings.to_dict()
     record.calibration = CalibrationRecord(
-        key=key, method=settings.method, samples=used, data=str(calib_root.resolve()),
+        key=cal.key, method=settings.method, samples=cal.used, data=str(cal.root.resolve()),
         requested_samples=opts.samples, percentile=s["percentile"], quantize_attention=s["quantize_attention"],
-        exclude_nodes=s["exclude_nodes"], exclude_blocks=s["exclude_blocks"], skipped=data.count - used)
-    return key, reused
+        exclude_nodes=s["exclude_nodes"], exclude_blocks=s["exclude_blocks"], skipped=cal.skipped,
+        smoothquant=settings.smoothquant, fallback=fallback)
+    return cal.key, cal.reused, verdict
+
+
+def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: ValidationSet | None, manifest: Manifest,
+               opts: CalibOptions, record: PrecisionRecord, scratch: Path,
+               log: Log) -> tuple[ParityVerdict, dict]:
+    """Measure every group (sensitivity.measure), return the costliest to float until the target holds, write the
+    graph and check it with the target's bounds; a graph that misses where the switched graph met it (the real
+    kernels' rounding) gets the next group in float too, until it holds. Returns (its verdict, the record's facts).
+    """
+    settings, precision = opts.int8, artifact_kind(kind).precision
+    if held is None:
+        raise VitexportError("--min-cos and --max-drop choose what stays in float on held-out data: drop --no-check.")
+    target = Target(settings.min_cos, settings.max_drop)
+    bounds = target.thresholds(opts.thresholds or DEFAULT_THRESHOLDS[precision])
+    sim = Simulator(fp32, cal.source, cal.selection, cal.amax, kind, held, (manifest.input_name,
+                    manifest.output_name), scratch, log)
+    try:
+        sens = measure(sim, kind, log)
+        with log.step(f"Returning groups to float until {target.describe()}"):
+            fb = search(sim, sens, target, log=log)
+    finally:
+        sim.close()
+    order = sens.ranked()
+    k = len(fb.floated)
+    while True:
+        floated = [sens.groups[i] for i in order[:k]]
+        chosen = without(cal.selection, floated)
+        with log.step(f"Writing {dst.name} ({len(chosen.nodes)} {precision.upper()} GEMMs, {k} groups in float)"):
+            record.qdq = write_int8(kind, cal.source, dst, chosen, cal.amax)
+        with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs ({held.source})"):
+            verdict = check_against_fp32(fp32, dst, held, precision, manifest, bounds, log)
+        if target.met(verdict.stats) or k == len(order):
+            break
+        log.warn(f"The written graph misses {target.describe()} where the switched graph met it: one more group in "
+                 f"float.")
+        k += 1
+    speed = _speed_cost(kind, cal, dst, scratch, held, log) if floated else None
+    names = [g.name for g in floated]
+    log.info(f"Kept in float ({k} of {len(order)} groups): {', '.join(names) or 'none'}"
+             + (f"; ONNX Runtime CPU latency {speed['slowdown']:.2f}x all-{precision.upper()}'s" if speed else ""))
+    facts = {"target": target.to_dict(), "float_groups": names, "float_nodes": [n for g in floated for n in g.nodes],
+             "groups": len(order), "data": held.source,
+             "status": "met" if target.met(verdict.stats) and target.decided(verdict.stats) else
+             "inconclusive" if target.met(verdict.stats) else "missed"}
+    return verdict, {**facts, **({"speed": speed} if speed else {})}
+
+
+def _speed_cost(kind: str, cal: Calibrated, result: Path, scratch: Path, held: ValidationSet, log: Log) -> dict:
+    """ONNX Runtime CPU latency (batch 1, medians of interleaved runs) of the result against the graph with every
+    group quantized, written for the comparison and let go."""
+    everything = scratch / "all-quantized.onnx"
+    with log.step("Timing the result against every group quantized (ONNX Runtime CPU, batch 1)"):
+        write_int8(kind, cal.source, everything, cal.selection, cal.amax)
+        ms = interleaved_latency([result, everything], held.inputs.sample(1), optimization_for(
+            artifact_kind(kind).precision))
+        everything.unlink(missing_ok=True)
+    return {"latency_ms": {"result": round(ms[0], 3), "all_quantized": round(ms[1], 3)},
+            "slowdown": round(ms[0] / ms[1], 3), "batch": 1}
+
+
+def run_sensitivity(model_dir: ModelFolder | Path, kind: str, opts: CalibOptions | None = None,
+                    log: Log = QUIET) -> Sensitivity:
+    """What each GEMM group of `kind` costs alone quantized, on the held-out data (sensitivity.measure), from the
+    kind's calibration (the cache's when it is there). Writes no model."""
+    opts = opts or CalibOptions()
+    folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
+    if kind not in QDQ_KINDS:
+        raise VitexportError("--sensitivity measures the GEMMs of --int8 or --fp8.")
+    fp32, fp32_sha, manifest = _fp32_source(folder, kind)
+    held = _heldout(opts, manifest, kind, log)
+    if held is None:
+        raise VitexportError("--sensitivity measures on held-out data: drop --no-check.")
+    try:
+        with tempfile.TemporaryDirectory(prefix="vitexport-int8-") as scratch:
+            cal = _calibrated(folder, kind, fp32, fp32_sha, manifest, opts, Path(scratch), log)
+            sim = Simulator(fp32, cal.source, cal.selection, cal.amax, kind, held,
+                            (manifest.input_name, manifest.output_name), Path(scratch), log)
+            try:
+                return measure(sim, kind, log)
+            finally:
+                sim.close()
+    finally:
+        held.close()
 
 
 def stale_reason(folder: ModelFolder, kind: str, calib: CalibOptions | None) -> str | None:
@@ -210,6 +361,8 @@ def _made_with(rec: PrecisionRecord, kind: str, calib: CalibOptions, manifest: M
     if kind == "int8-trt" and (rec.qdq or {}).get("placement", "vitexport") != placement_of(kind, calib.int8):
         return False
     data = Path(calib.data) if calib.data else default_calib_dir(manifest.variant)
-    wanted = {"data": str(data.resolve()), "requested_samples": calib.samples, **calib.int8.to_dict()}
+    wanted = {"data": str(data.resolve()), "requested_samples": calib.samples, **calib.int8.to_dict(),
+              "smoothquant": calib.int8.smoothquant}
     have = cal.to_dict()
-    return all(have.get(k) == v for k, v in wanted.items())
+    return all(have.get(k) == v for k, v in wanted.items()) and \
+        (cal.fallback or {}).get("target", {}) == calib.int8.target()

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 CALIB_METHODS = ("minmax", "entropy", "percentile")  # how activation ranges are chosen from calibration data
 DEFAULT_KEEP_FP32 = ("LayerNormalization", "Softmax")  # FP16: op types kept in FP32 (LayerNorm overflows in FP16)
 DEFAULT_PERCENTILE = 99.999
+DEFAULT_ALPHA = 0.5  # SmoothQuant's migration strength (its paper's default): precision/smoothquant.py
 PLACEMENTS = ("vitexport", "modelopt")  # the TensorRT INT8 graph's Q/DQ placement (precision/placement.py)
 
 
@@ -23,11 +24,21 @@ class Int8Settings:
     exclude_nodes: list[str] = field(default_factory=list)  # node names, as in the exported graph
     exclude_blocks: list[int] = field(default_factory=list)  # whole transformer blocks kept in float
     placement: str = "vitexport"  # model.int8.trt.onnx only: one of PLACEMENTS (recorded in its qdq facts)
+    smoothquant: float | None = None  # SmoothQuant's alpha for the LayerNorm-fed GEMMs (precision/smoothquant.py)
+    min_cos: float | None = None  # fallback target: groups return to float until the min cosine reaches this
+    max_drop: float | None = None  # fallback target: ... until the top-1 drop is within this many points
 
     def to_dict(self) -> dict:
+        """What the calibrated ranges depend on (the calibration key): the fallback targets choose among GEMMs
+        after calibration, so they are not in it."""
         return {"method": self.method, "percentile": self.percentile if self.method == "percentile" else None,
                 "quantize_attention": self.quantize_attention, "exclude_nodes": sorted(self.exclude_nodes),
-                "exclude_blocks": sorted(self.exclude_blocks)}
+                "exclude_blocks": sorted(self.exclude_blocks),
+                **({"smoothquant": self.smoothquant} if self.smoothquant is not None else {})}
+
+    def target(self) -> dict:
+        """The fallback target asked for ({} for none), as recorded in the manifest."""
+        return {k: v for k, v in (("min_cos", self.min_cos), ("max_drop", self.max_drop)) if v is not None}
 
 
 @dataclass

@@ -1,0 +1,73 @@
+"""GEMM groups: the quantized nodes of a selection gathered by the layer they belong to, the unit that
+sensitivity ranks and that the automatic fallback returns to float.
+
+A node's layer is its module path, the part of its ONNX name before the last '/' (the exporter names a node
+`<module>/<op>`: `blocks.3.attn.qkv/MatMul`). Per block that gives qkv, proj, fc1 and fc2; the two attention
+products share the module `blocks.N.attn` and form one group; outside the blocks, the patch embedding and the
+head. Placements that quantize other nodes (ModelOpt's LayerNorm inputs and residual Adds) get groups of their
+own by the same rule.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .qdq import GemmSelection
+
+_BLOCK = re.compile(r"^(?:.*\.)?blocks\.(\d+)(?:\.(.*))?$")
+KIND_NAMES = {"attn.qkv": "qkv", "attn.proj": "proj", "mlp.fc1": "fc1", "mlp.fc2": "fc2", "attn": "attention",
+              "patch_embed.proj": "patch_embed", "": "residual"}
+
+
+@dataclass(frozen=True)
+class Group:
+    """One layer's quantized nodes."""
+
+    name: str  # the module path: 'blocks.3.attn.qkv', 'patch_embed.proj'
+    block: int | None  # the transformer block, None outside the blocks
+    kind: str  # 'qkv' | 'proj' | 'fc1' | 'fc2' | 'attention' | 'patch_embed' | 'head' | ...
+    nodes: tuple[str, ...]  # its ONNX node names, in graph order
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "block": self.block, "kind": self.kind, "nodes": list(self.nodes)}
+
+
+def module_of(node_name: str) -> str:
+    """The module path of a node's name: before its last '/' (the whole name when it has none)."""
+    return node_name.rsplit("/", 1)[0] if "/" in node_name else node_name
+
+
+def group_of(module: str) -> tuple[int | None, str]:
+    """(block, kind) of a module path."""
+    m = _BLOCK.match(module)
+    if m:
+        rest = m.group(2) or ""
+        return int(m.group(1)), KIND_NAMES.get(rest, rest.rsplit(".", 1)[-1])
+    return None, KIND_NAMES.get(module, module.rsplit(".", 1)[-1])
+
+
+def gemm_groups(selection: GemmSelection) -> list[Group]:
+    """The groups of a selection's nodes, in the order their first node comes in the graph."""
+    members: dict[str, list[str]] = {}
+    for node in selection.nodes:
+        members.setdefault(module_of(node), []).append(node)
+    return [Group(name, *group_of(name), tuple(nodes)) for name, nodes in members.items()]
+
+
+def without(selection: GemmSelection, groups: list[Group]) -> GemmSelection:
+    """The selection with these groups' nodes left in float (their activations dropped when no other node reads
+    them quantized)."""
+    drop = {n for g in groups for n in g.nodes}
+    nodes = [n for n in selection.nodes if n not in drop]
+    inputs = {n: k for n, k in selection.inputs.items() if n not in drop}
+    return GemmSelection(nodes, list(selection.activations), inputs)
+
+
+def resolve_groups(groups: list[Group], names: list[str]) -> list[Group]:
+    """The groups named (by module path); an unknown name is one sentence."""
+    by_name = {g.name: g for g in groups}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise ValueError(f"no quantized group {missing[0]!r}")
+    return [by_name[n] for n in names]
