@@ -284,8 +284,10 @@ def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: Validati
         k += 1
     speed = _speed_cost(kind, cal, dst, scratch, held, log) if floated else None
     names = [g.name for g in floated]
+    emulated = "" if kind == "int8" else " (a CPU emulation of TensorRT's kernels: it says nothing of their speed)"
     log.info(f"Kept in float ({k} of {len(order)} groups): {', '.join(names) or 'none'}"
-             + (f"; ONNX Runtime CPU latency {speed['slowdown']:.2f}x all-{precision.upper()}'s" if speed else ""))
+             + (f"; ONNX Runtime CPU latency {speed['slowdown']:.2f}x all-{precision.upper()}'s{emulated}"
+                if speed else ""))
     facts = {"target": target.to_dict(), "float_groups": names, "float_nodes": [n for g in floated for n in g.nodes],
              "groups": len(order), "data": held.source,
              "status": "met" if target.met(verdict.stats) and target.decided(verdict.stats) else
@@ -303,7 +305,7 @@ def _speed_cost(kind: str, cal: Calibrated, result: Path, scratch: Path, held: V
             artifact_kind(kind).precision))
         everything.unlink(missing_ok=True)
     return {"latency_ms": {"result": round(ms[0], 3), "all_quantized": round(ms[1], 3)},
-            "slowdown": round(ms[0] / ms[1], 3), "batch": 1}
+            "slowdown": round(ms[0] / ms[1], 3), "batch": 1, "runtime": "onnxruntime-cpu"}
 
 
 def run_sensitivity(model_dir: ModelFolder | Path, kind: str, opts: CalibOptions | None = None,
