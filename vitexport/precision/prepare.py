@@ -273,7 +273,8 @@ def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: Validati
     while True:
         floated = [sens.groups[i] for i in order[:k]]
         chosen = without(cal.selection, floated)
-        with log.step(f"Writing {dst.name} ({len(chosen.nodes)} {precision.upper()} GEMMs, {k} groups in float)"):
+        with log.step(f"Writing {ModelFolder(dst.parent).onnx(kind).name} ({len(chosen.nodes)} {precision.upper()} "
+                      f"GEMMs, {k} groups in float)"):
             record.qdq = write_int8(kind, cal.source, dst, chosen, cal.amax)
         with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs ({held.source})"):
             verdict = check_against_fp32(fp32, dst, held, precision, manifest, bounds, log)
