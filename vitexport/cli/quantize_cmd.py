@@ -56,7 +56,8 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
         artifact = ensure_artifact(target, kind, spec=spec, calib=calib, fresh=True, log=log)
         v = artifact.precision.verdict if artifact.precision else None
         if v is not None:
-            click.echo(f"Parity vs FP32: {'passed' if v.passed else v.status} ({v.stats.n} held-out inputs, min cosine {v.stats.cos_min:.5f}"
+            click.echo(f"Parity vs FP32: {'passed' if v.passed else v.status} ({v.stats.n} held-out inputs, "
+                       f"min cosine {v.stats.cos_min:.5f}"
                        + (f", top-1 {v.stats.acc_ref:.2%} -> {v.stats.acc:.2%}" if v.stats.acc is not None else "")
                        + ")")
         click.echo(f"{kind.upper()} model: {artifact.path}")

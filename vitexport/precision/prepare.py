@@ -193,7 +193,8 @@ def _calibrated(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, manif
     calib_root = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
     data = calibration_set(calib_root, manifest.preprocess, opts.samples)
     if opts.samples is not None and data.count < opts.samples:
-        log.warn(f"Asked for {opts.samples} calibration inputs, {calib_root} has only {data.count}: using {data.count}.")
+        log.warn(f"Asked for {opts.samples} calibration inputs, {calib_root} has only {data.count}: using "
+                 f"{data.count}.")
     settings = opts.int8
     selection = selection_for(fp32, settings, kind)
     placement = placement_of(kind, settings)  # another placement measures other tensors: its own calibration

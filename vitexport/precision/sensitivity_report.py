@@ -1,4 +1,5 @@
-"""`quantize --sensitivity`: the groups' costs as a table (sorted by cost), JSON (`--json`) and a bar plot (`--plot`)."""
+"""`quantize --sensitivity`: the groups' costs as a table (sorted by cost), JSON (`--json`) and a bar plot
+(`--plot`)."""
 
 from __future__ import annotations
 
