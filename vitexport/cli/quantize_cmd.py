@@ -60,6 +60,15 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
                        f"min cosine {v.stats.cos_min:.5f}"
                        + (f", top-1 {v.stats.acc_ref:.2%} -> {v.stats.acc:.2%}" if v.stats.acc is not None else "")
                        + ")")
+        fb = _fallback_of(artifact.path, kind)
+        if fb is not None:
+            speed = fb.get("speed", {})
+            asked = ", ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in fb["target"].items())
+            click.echo(f"Kept in float for {asked} "
+                       f"({fb['status']}): {len(fb['float_groups'])} of {fb['groups']} GEMM groups"
+                       + (f" ({', '.join(fb['float_groups'])})" if fb["float_groups"] else "")
+                       + (f"; ONNX Runtime CPU latency {speed['slowdown']:.2f}x every group quantized"
+                          if speed else ""))
         click.echo(f"{kind.upper()} model: {artifact.path}")
 
 
@@ -85,3 +94,11 @@ def _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, lo
     if plot_path:
         plot(sens, plot_path)
         click.echo(f"Plot: {plot_path}")
+
+
+def _fallback_of(path: Path, kind: str) -> dict | None:
+    """The manifest's record of a --min-cos/--max-drop fallback for the file just made, if it had one."""
+    from ..artifacts.folder import ModelFolder
+
+    rec = ModelFolder(path.parent).read_manifest().precisions.get(kind)
+    return rec.calibration.fallback if rec is not None and rec.calibration is not None else None

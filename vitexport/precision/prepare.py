@@ -34,7 +34,7 @@ from .int8 import (
     write_int8,
 )
 from .qdq import GemmSelection
-from .sensitivity import Sensitivity, Simulator, Target, measure, search
+from .sensitivity import Sensitivity, Simulator, Target, decidable, measure, search
 from .settings import CalibOptions
 from .smoothquant import smooth_sites, write_smoothed
 
@@ -269,7 +269,7 @@ def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: Validati
             fb = search(sim, sens, target, log=log)
     finally:
         sim.close()
-    order = sens.ranked()
+    order, strict = sens.ranked(), decidable(sens, target)
     k = len(fb.floated)
     while True:
         floated = [sens.groups[i] for i in order[:k]]
@@ -279,7 +279,7 @@ def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: Validati
             record.qdq = write_int8(kind, cal.source, dst, chosen, cal.amax)
         with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs ({held.source})"):
             verdict = check_against_fp32(fp32, dst, held, precision, manifest, bounds, log)
-        if target.met(verdict.stats) or k == len(order):
+        if (target.met(verdict.stats) and (not strict or target.decided(verdict.stats))) or k == len(order):
             break
         log.warn(f"The written graph misses {target.describe()} where the switched graph met it: one more group in "
                  f"float.")

@@ -233,18 +233,32 @@ class Fallback:
     tried: list[tuple[int, Pass]] = field(default_factory=list)  # (groups in float, its pass), in order
 
 
+def decidable(sens: Sensitivity, target: Target) -> bool:
+    """Whether the held-out set can decide the target at all: a drop bound's interval is within it with every group
+    in float (the fewest flips there are). If not, the drop's estimate decides, and the result says it is
+    inconclusive."""
+    return target.decided(sens.none_quantized.stats)
+
+
 def search(sim: Simulator, sens: Sensitivity, target: Target, start: int = 0, log: Log = QUIET) -> Fallback:
     """The fewest of the most costly groups (sens.ranked, at least `start` of them) whose return to float meets the
-    target on the held-out set; one sentence when no number of them does."""
+    target on the held-out set, its drop's interval within the bound too where the set can decide it (decidable);
+    one sentence when no number of them does."""
     order = sens.ranked()
+    strict = decidable(sens, target)
     tried: list[tuple[int, Pass]] = []
+    first: tuple[int, Pass] | None = None  # the fewest meeting the estimate, when none is decided
     with log.bar("fallback", len(order) + 1 - start, unit="passes") as tick:
         for k in range(start, len(order) + 1):
             p = sens.all_quantized if k == 0 else sim.run(set(order[k:]), f"{k} groups in float")
             tick(1)
             tried.append((k, p))
             if target.met(p.stats):
-                return Fallback(target, [sens.groups[i] for i in order[:k]], p, tried)
+                if not strict or target.decided(p.stats):
+                    return Fallback(target, [sens.groups[i] for i in order[:k]], p, tried)
+                first = first or (k, p)
+    if first is not None:
+        return Fallback(target, [sens.groups[i] for i in order[:first[0]]], first[1], tried)
     floor = sens.none_quantized.stats
     raise VitexportError(f"No number of groups in float meets {target.describe()}: with every group in float the "
                          f"{sens.kind} graph gives min cosine {floor.cos_min:.5f}"
