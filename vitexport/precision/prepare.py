@@ -260,6 +260,9 @@ def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: Validati
     if held is None:
         raise VitexportError("--min-cos and --max-drop choose what stays in float on held-out data: drop --no-check.")
     target = Target(settings.min_cos, settings.max_drop)
+    if target.max_drop is not None and held.labels is None:  # before minutes of measuring, not after
+        raise VitexportError(f"--max-drop needs labelled held-out data (class folders named as the model's classes); "
+                             f"{held.source} has none: pass such a folder with --check-data, or use --min-cos.")
     bounds = target.thresholds(opts.thresholds or DEFAULT_THRESHOLDS[precision])
     sim = Simulator(fp32, cal.source, cal.selection, cal.amax, kind, held, (manifest.input_name,
                     manifest.output_name), scratch, log)
