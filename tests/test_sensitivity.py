@@ -139,10 +139,12 @@ def test_smoothquant_brings_int8_closer_and_keeps_fp32(outliers, tmp_path):
     folder = copy_export(src, tmp_path / "m")
     _quantize(folder, "--int8", "--no-check")
     plain = _cosines(ref, _logits(folder / "model.int8.onnx", x))
-    _quantize(folder, "--int8", "--smoothquant", "--no-check")
+    r = CliRunner().invoke(cli, ["quantize", "--int8", "-q", "--no-check", "--smoothquant", str(folder)])
+    assert r.exit_code == 0, r.output  # the folder after the option is the folder, not its value
     smooth = _cosines(ref, _logits(folder / "model.int8.onnx", x))
     assert smooth.mean() > plain.mean() and smooth.min() > plain.min(), (plain, smooth)
     assert _record(folder, "int8").calibration.smoothquant == 0.5
+    assert _record(folder, "int8").qdq["smoothed_layernorms"] == 24  # both norms of the 12 blocks
 
     # the smoothed FP32 graph, before quantization, computes what the export computes
     fp32 = folder / "model.onnx"

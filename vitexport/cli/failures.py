@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from ..errors import Terminated, VitexportError
+from ..precision.settings import DEFAULT_ALPHA
 
 DEBUG_ENV = "VITEXPORT_DEBUG"
 INTERNAL_ERROR_EXIT = 70  # EX_SOFTWARE
@@ -124,8 +125,34 @@ def stop_on_signals() -> None:
             signal.signal(sig, stop)
 
 
+OPTIONAL_VALUES = {"--smoothquant": str(DEFAULT_ALPHA)}  # options whose value may be left out: what stands in
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def with_optional_values(args: list[str]) -> list[str]:
+    """Args with each OPTIONAL_VALUES option that is not followed by a number given its default (`--smoothquant
+    MODEL_DIR` is the option without a value, then the folder, where click would read MODEL_DIR as its value)."""
+    out = []
+    for i, a in enumerate(args):
+        if a in OPTIONAL_VALUES and (i + 1 == len(args) or not _number(args[i + 1])):
+            a = f"{a}={OPTIONAL_VALUES[a]}"
+        out.append(a)
+    return out
+
+
 class VitexportGroup(click.Group):
     """The command group: every command's failures go through `to_click`, whichever module defines it."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        return name, cmd, with_optional_values(rest)
 
     def invoke(self, ctx: click.Context):
         try:

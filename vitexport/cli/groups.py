@@ -233,8 +233,8 @@ CALIB = OptionGroup(
                  "the attention products, the LayerNorm inputs and the residual Adds)."),
         opt("--smoothquant", type=click.FloatRange(0, 1), is_flag=False, flag_value=DEFAULT_ALPHA, default=None,
             metavar="[ALPHA]", help=f"INT8/FP8: SmoothQuant for the GEMMs a LayerNorm feeds (qkv, fc1): activation "
-                                    f"outliers moved into the weights, folded into LayerNorm (alpha default "
-                                    f"{DEFAULT_ALPHA:g})."),
+                                    f"outliers moved into the weights, folded into LayerNorm (alpha: how much of "
+                                    f"their range moves; default {DEFAULT_ALPHA:g})."),
         opt("--min-cos", type=click.FloatRange(-1, 1), default=None, metavar="C",
             help="INT8/FP8: return the costliest GEMM groups to float, fewest first, until the minimum cosine to "
                  "FP32 on the held-out data is at least C."),

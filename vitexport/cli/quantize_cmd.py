@@ -45,6 +45,8 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
         raise click.UsageError("Choose --fp16, --int8 or --fp8.")
     if precision == "fp16" and (calib.data or calib.samples):
         log.warn("--calib-data/--calib-samples only matter for --int8 and --fp8; FP16 needs no calibration.")
+    if precision == "fp16" and (calib.int8.target() or calib.int8.smoothquant is not None):
+        raise click.UsageError("--min-cos, --max-drop and --smoothquant are for --int8 and --fp8.")
     kinds = TARGETS[precision][graph_target]
     if (json_path or plot_path) and not sensitivity:
         raise click.UsageError("--json and --plot write what --sensitivity measures; add --sensitivity.")
@@ -81,8 +83,12 @@ def _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, lo
         raise click.UsageError("--sensitivity only measures; --min-cos/--max-drop make a model: run them apart.")
     from ..artifacts.workspace import writing
     from ..ensure import open_model
+    from ..paths import pyplot
     from ..precision.prepare import run_sensitivity
     from ..precision.sensitivity_report import plot, table, write_json
+
+    if plot_path:
+        pyplot()  # matplotlib missing: said now, not after the measuring
 
     folder = open_model(target, spec, log=log)
     with writing(folder, log):  # the calibration cache is the folder's

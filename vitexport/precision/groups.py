@@ -56,18 +56,9 @@ def gemm_groups(selection: GemmSelection) -> list[Group]:
 
 
 def without(selection: GemmSelection, groups: list[Group]) -> GemmSelection:
-    """The selection with these groups' nodes left in float (their activations dropped when no other node reads
-    them quantized)."""
+    """The selection with these groups' nodes left in float (the activations stay listed: their ranges are
+    measured either way, and only the selected nodes' inputs get Q/DQ)."""
     drop = {n for g in groups for n in g.nodes}
     nodes = [n for n in selection.nodes if n not in drop]
     inputs = {n: k for n, k in selection.inputs.items() if n not in drop}
     return GemmSelection(nodes, list(selection.activations), inputs)
-
-
-def resolve_groups(groups: list[Group], names: list[str]) -> list[Group]:
-    """The groups named (by module path); an unknown name is one sentence."""
-    by_name = {g.name: g for g in groups}
-    missing = [n for n in names if n not in by_name]
-    if missing:
-        raise ValueError(f"no quantized group {missing[0]!r}")
-    return [by_name[n] for n in names]

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..artifacts.folder import ModelFolder, artifact_kind
+from ..artifacts.folder import ModelFolder, artifact_kind, onnx_digest
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
 from ..artifacts.verify import BROKEN, MISSING, check_onnx
 from ..backends.ort_session import create_session, interleaved_latency, optimization_for, session_infer
@@ -214,7 +214,7 @@ def _calibrated(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, manif
         source = scratch / "smoothed.onnx"
         with log.step(f"Smoothing {len(sites)} LayerNorms and their GEMMs (alpha {settings.smoothquant:g})"):
             smoothed = write_smoothed(fp32, source, sites, x_max, settings.smoothquant)
-            source_sha = sha256_file(source)  # the ranges are the smoothed graph's: its bytes key them
+            source_sha = onnx_digest(source)  # the ranges are the smoothed graph's: its bytes (and weights) key them
     with log.step(f"Hashing {data.count} calibration inputs for the cache key"):
         key = calibration_key(source_sha, data, pp, {**settings.to_dict(), **keyed})
     amax, reused, used = ranges(source, data, manifest.preprocess, manifest.input_name, selection, settings,
@@ -229,6 +229,8 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
     fallback target, first choose the groups kept in float (_fall_back, which checks what it writes: its verdict is
     returned, else None)."""
     settings = opts.int8
+    if settings.target():
+        _can_fall_back(held, settings.max_drop)
     with tempfile.TemporaryDirectory(prefix="vitexport-int8-") as scratch:
         cal = _calibrated(folder, kind, fp32, fp32_sha, manifest, opts, Path(scratch), log)
         verdict, fallback = None, None
@@ -240,6 +242,8 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
                 record.qdq = write_int8(kind, cal.source, dst, cal.selection, cal.amax)
     if kind == "int8-trt":
         record.qdq["placement"] = placement_of(kind, settings)
+    if cal.smoothed is not None:
+        record.qdq["smoothed_layernorms"] = len(cal.smoothed)
     s = settings.to_dict()
     record.calibration = CalibrationRecord(
         key=cal.key, method=settings.method, samples=cal.used, data=str(cal.root.resolve()),
@@ -247,6 +251,15 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
         exclude_nodes=s["exclude_nodes"], exclude_blocks=s["exclude_blocks"], skipped=cal.skipped,
         smoothquant=settings.smoothquant, fallback=fallback)
     return cal.key, cal.reused, verdict
+
+
+def _can_fall_back(held: ValidationSet | None, max_drop: float | None = None) -> None:
+    """What a fallback needs, said before minutes of calibrating and measuring."""
+    if held is None:
+        raise VitexportError("--min-cos and --max-drop choose what stays in float on held-out data: drop --no-check.")
+    if max_drop is not None and held.labels is None:
+        raise VitexportError(f"--max-drop needs labelled held-out data (class folders named as the model's classes); "
+                             f"{held.source} has none: pass such a folder with --check-data, or use --min-cos.")
 
 
 def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: ValidationSet | None, manifest: Manifest,
@@ -257,13 +270,9 @@ def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: Validati
     kernels' rounding) gets the next group in float too, until it holds. Returns (its verdict, the record's facts).
     """
     settings, precision = opts.int8, artifact_kind(kind).precision
-    if held is None:
-        raise VitexportError("--min-cos and --max-drop choose what stays in float on held-out data: drop --no-check.")
-    target = Target(settings.min_cos, settings.max_drop)
-    if target.max_drop is not None and held.labels is None:  # before minutes of measuring, not after
-        raise VitexportError(f"--max-drop needs labelled held-out data (class folders named as the model's classes); "
-                             f"{held.source} has none: pass such a folder with --check-data, or use --min-cos.")
-    bounds = target.thresholds(opts.thresholds or DEFAULT_THRESHOLDS[precision])
+    assert held is not None  # _can_fall_back
+    target = Target(settings.min_cos, settings.max_drop, opts.thresholds or DEFAULT_THRESHOLDS[precision])
+    bounds = target.thresholds()
     sim = Simulator(fp32, cal.source, cal.selection, cal.amax, kind, held, (manifest.input_name,
                     manifest.output_name), scratch, log)
     try:

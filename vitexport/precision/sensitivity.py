@@ -115,14 +115,15 @@ class Simulator:
         with log.step(f"Building the switched {kind} graph ({len(self.groups)} groups)"):
             model = switched_graph(source, selection, amax, kind, self.groups)
             if model.ByteSize() <= SERIALIZED_MAX:
-                self.sess = create_session(model.SerializeToString(), optimize="basic")
+                graph: bytes | Path = model.SerializeToString()
             else:  # over protobuf's cap: saved beside its own external data in the scratch folder
                 import onnx
 
-                path = Path(scratch) / "switched.onnx"
-                onnx.save_model(model, str(path), save_as_external_data=True, location="switched.onnx.data")
-                self.sess = create_session(path, optimize="basic")
-            del model
+                graph = Path(scratch) / "switched.onnx"
+                onnx.save_model(model, str(graph), save_as_external_data=True, location="switched.onnx.data")
+            del model  # the session's copy is the only one kept
+            self.sess = create_session(graph, optimize="basic")
+            del graph
 
     def run(self, quantized: set[int], what: str) -> Pass:
         """The held-out set with the groups of these indices quantized, the others in float."""
@@ -179,10 +180,12 @@ def measure(sim: Simulator, kind: str, log: Log = QUIET) -> Sensitivity:
 
 @dataclass
 class Target:
-    """What the fallback must reach on the held-out set: a minimum cosine, or a most accuracy drop (points)."""
+    """What the fallback must reach on the held-out set: a minimum cosine, or a most accuracy drop (points), with
+    the kind's other bounds (`base`: the file written is checked against them too, so the search keeps to them)."""
 
     min_cos: float | None = None
     max_drop: float | None = None
+    base: Thresholds = field(default_factory=Thresholds)
 
     def __bool__(self) -> bool:
         return self.min_cos is not None or self.max_drop is not None
@@ -195,8 +198,10 @@ class Target:
                             + ([f"top-1 drop <= {self.max_drop:g} points"] if self.max_drop is not None else []))
 
     def met(self, s: ParityStats) -> bool:
-        """Whether a pass reaches the target. The drop is judged by its estimate on these images; whether its 95 %
-        interval is within the bound as well is `decided`."""
+        """Whether a pass reaches the target and fails none of the kind's bounds. The drop is judged by its estimate
+        on these images; whether its 95 % interval is within the bound as well is `decided`."""
+        if self.thresholds().assess(s)[0]:
+            return False
         if self.min_cos is not None and not s.cos_min >= self.min_cos:
             return False
         if self.max_drop is not None:
@@ -211,15 +216,16 @@ class Target:
     def decided(self, s: ParityStats) -> bool:
         return self.max_drop is None or not Thresholds(acc_drop=self.max_drop).assess(s)[1]
 
-    def thresholds(self, base: Thresholds) -> Thresholds:
-        """The kind's bounds, tightened to the target: the check of the file written."""
+    def thresholds(self) -> Thresholds:
+        """The kind's bounds with the target's in place of theirs (a user's --max-drop 3 is 3, not the kind's 1.5):
+        the check of the file written."""
         from dataclasses import replace
 
-        t = base
+        t = self.base
         if self.min_cos is not None:
-            t = replace(t, cos_min=max(t.cos_min or 0.0, self.min_cos))
+            t = replace(t, cos_min=self.min_cos)
         if self.max_drop is not None:
-            t = replace(t, acc_drop=self.max_drop if t.acc_drop is None else min(t.acc_drop, self.max_drop))
+            t = replace(t, acc_drop=self.max_drop)
         return t
 
 
@@ -260,7 +266,8 @@ def search(sim: Simulator, sens: Sensitivity, target: Target, start: int = 0, lo
     if first is not None:
         return Fallback(target, [sens.groups[i] for i in order[:first[0]]], first[1], tried)
     floor = sens.none_quantized.stats
-    raise VitexportError(f"No number of groups in float meets {target.describe()}: with every group in float the "
+    raise VitexportError(f"No number of groups in float meets {target.describe()} (with the kind's other bounds): "
+                         f"with every group in float the "
                          f"{sens.kind} graph gives min cosine {floor.cos_min:.5f}"
                          + (f", top-1 drop {floor.acc_drop:.2f} points" if floor.acc_drop is not None else "")
                          + " on the held-out set.")

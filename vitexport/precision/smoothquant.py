@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VitexportError
-from .settings import DEFAULT_ALPHA  # noqa: F401 - 0 leaves X as it is, 1 moves all of its range to W
+from .settings import DEFAULT_ALPHA  # noqa: F401 - 1 moves all of X's range into W, 0 all of W's into X
 
-SCALE_RANGE = (1e-5, 1e5)  # s is clipped to this: a near-zero channel or weight row never makes s explode
+SCALE_RANGE = (1e-3, 1e3)  # s is clipped to this: a near-zero channel or weight row never makes s explode, and
+# LayerNorm's scale / s and W * s stay well inside FP16's normal range in the graphs shaped for TensorRT
 EXTERNAL_OVER = 1 << 30  # a smoothed model over this many bytes keeps its weights in external data
 
 
