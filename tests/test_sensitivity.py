@@ -7,6 +7,7 @@ reports.
 """
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -324,3 +325,17 @@ def test_a_drop_target_waits_for_a_decided_interval_where_the_set_can_give_one()
     fb = search(SmallSim(), small, Target(max_drop=0.5))
     assert [g.block for g in fb.floated] == [0]  # 1 flip of 300 is 0.33 points: within 0.5 by its estimate
     assert not Target(max_drop=0.5).decided(fb.result.stats)
+
+
+def test_a_target_keeps_to_the_kinds_other_bounds_and_replaces_its_own():
+    from vitexport.parity.compare import DEFAULT_THRESHOLDS
+    from vitexport.precision.sensitivity import Target
+
+    int8 = DEFAULT_THRESHOLDS["int8"]  # cos_min 0.95, cos_mean 0.99, acc_drop 1.5
+    p = _pass_with(0)
+    low_mean = replace(p.stats, cos_min=0.97, cos_mean=0.985)
+    assert not Target(min_cos=0.96, base=int8).met(low_mean)  # the min cosine holds, the kind's mean does not
+    assert Target(min_cos=0.96).met(low_mean)
+    t = Target(max_drop=3.0, base=int8).thresholds()
+    assert t.acc_drop == 3.0 and t.cos_mean == int8.cos_mean and t.cos_min == int8.cos_min
+    assert Target(min_cos=0.9, base=int8).thresholds().cos_min == 0.9
