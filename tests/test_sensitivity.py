@@ -339,3 +339,27 @@ def test_a_target_keeps_to_the_kinds_other_bounds_and_replaces_its_own():
     t = Target(max_drop=3.0, base=int8).thresholds()
     assert t.acc_drop == 3.0 and t.cos_mean == int8.cos_mean and t.cos_min == int8.cos_min
     assert Target(min_cos=0.9, base=int8).thresholds().cos_min == 0.9
+
+
+def test_a_written_graph_that_misses_gets_the_next_group_even_when_none_was_measured(digits_export, digits_subset,
+                                                                                     tmp_path, monkeypatch):
+    """Every group quantized meets --min-cos 0.9 on the switched graph, so nothing is measured; the written graph is
+    made to miss once (as the real kernels' rounding can): the groups are then measured and the costliest goes back
+    to float."""
+    import vitexport.precision.prepare as prepare
+
+    real, calls = prepare.check_against_fp32, []
+
+    def first_misses(*args, **kwargs):
+        verdict = real(*args, **kwargs)
+        calls.append(verdict)
+        if len(calls) == 1:
+            verdict.stats = replace(verdict.stats, cos_min=0.5)
+        return verdict
+
+    monkeypatch.setattr(prepare, "check_against_fp32", first_misses)
+    folder = copy_export(digits_export, tmp_path / "digits")
+    _quantize(folder, "--int8", "--check-data", str(digits_subset), "--min-cos", "0.9")
+    fb = _record(folder, "int8").calibration.fallback
+    assert len(calls) == 2 and len(fb["float_groups"]) == 1 and fb["status"] == "met"
+    assert _float_gemms(folder / "model.int8.onnx") == {n for n in fb["float_nodes"] if n.endswith("/MatMul")}

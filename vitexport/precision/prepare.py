@@ -34,7 +34,7 @@ from .int8 import (
     write_int8,
 )
 from .qdq import GemmSelection
-from .sensitivity import Sensitivity, Simulator, Target, decidable, measure, search
+from .sensitivity import Sensitivity, Simulator, Target, measure, search
 from .settings import CalibOptions
 from .smoothquant import smooth_sites, write_smoothed
 
@@ -265,33 +265,47 @@ def _can_fall_back(held: ValidationSet | None, max_drop: float | None = None) ->
 def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: ValidationSet | None, manifest: Manifest,
                opts: CalibOptions, record: PrecisionRecord, scratch: Path,
                log: Log) -> tuple[ParityVerdict, dict]:
-    """Measure every group (sensitivity.measure), return the costliest to float until the target holds, write the
-    graph and check it with the target's bounds; a graph that misses where the switched graph met it (the real
-    kernels' rounding) gets the next group in float too, until it holds. Returns (its verdict, the record's facts).
-    """
+    """When every group quantized already meets the target, nothing more; else measure every group
+    (sensitivity.measure) and return the costliest to float until the target holds. Then write the graph and check
+    it with the target's bounds; a graph that misses where the switched graph met it (the real kernels' rounding)
+    gets the next group in float too, until it holds. Returns (its verdict, the record's facts)."""
     settings, precision = opts.int8, artifact_kind(kind).precision
     assert held is not None  # _can_fall_back
     target = Target(settings.min_cos, settings.max_drop, opts.thresholds or DEFAULT_THRESHOLDS[precision])
     bounds = target.thresholds()
-    sim = Simulator(fp32, cal.source, cal.selection, cal.amax, kind, held, (manifest.input_name,
-                    manifest.output_name), scratch, log)
+    sim_args = (fp32, cal.source, cal.selection, cal.amax, kind, held, (manifest.input_name, manifest.output_name),
+                scratch)
+    sim = Simulator(*sim_args, log)
+    sens: Sensitivity | None = None
     try:
-        sens = measure(sim, kind, log)
-        with log.step(f"Returning groups to float until {target.describe()}"):
-            fb = search(sim, sens, target, log=log)
+        groups = sim.groups
+        everything, nothing = sim.run(set(range(len(groups))), "all groups"), sim.run(set(), "no group")
+        strict = target.max_drop is not None and target.decided(nothing.stats)  # the set can decide the drop
+        if target.met(everything.stats) and (not strict or target.decided(everything.stats)):
+            log.info(f"Every group quantized meets {target.describe()} on the held-out set: none to measure.")
+            k = 0
+        else:
+            sens = measure(sim, kind, log, (everything, nothing))
+            with log.step(f"Returning groups to float until {target.describe()}"):
+                k = len(search(sim, sens, target, log=log).floated)
     finally:
         sim.close()
-    order, strict = sens.ranked(), decidable(sens, target)
-    k = len(fb.floated)
     while True:
-        floated = [sens.groups[i] for i in order[:k]]
+        if k and sens is None:  # the written graph missed where the switched one met: now the ranking is needed
+            sim = Simulator(*sim_args, log)
+            try:
+                sens = measure(sim, kind, log)
+            finally:
+                sim.close()
+        order = sens.ranked() if sens is not None else []
+        floated = [groups[i] for i in order[:k]]
         chosen = without(cal.selection, floated)
         with log.step(f"Writing {ModelFolder(dst.parent).onnx(kind).name} ({len(chosen.nodes)} {precision.upper()} "
                       f"GEMMs, {k} groups in float)"):
             record.qdq = write_int8(kind, cal.source, dst, chosen, cal.amax)
         with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs ({held.source})"):
             verdict = check_against_fp32(fp32, dst, held, precision, manifest, bounds, log)
-        if (target.met(verdict.stats) and (not strict or target.decided(verdict.stats))) or k == len(order):
+        if (target.met(verdict.stats) and (not strict or target.decided(verdict.stats))) or k == len(groups):
             break
         log.warn(f"The written graph misses {target.describe()} where the switched graph met it: one more group in "
                  f"float.")
@@ -299,11 +313,11 @@ def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: Validati
     speed = _speed_cost(kind, cal, dst, scratch, held, log) if floated else None
     names = [g.name for g in floated]
     emulated = "" if kind == "int8" else " (a CPU emulation of TensorRT's kernels: it says nothing of their speed)"
-    log.info(f"Kept in float ({k} of {len(order)} groups): {', '.join(names) or 'none'}"
+    log.info(f"Kept in float ({k} of {len(groups)} groups): {', '.join(names) or 'none'}"
              + (f"; ONNX Runtime CPU latency {speed['slowdown']:.2f}x all-{precision.upper()}'s{emulated}"
                 if speed else ""))
     facts = {"target": target.to_dict(), "float_groups": names, "float_nodes": [n for g in floated for n in g.nodes],
-             "groups": len(order), "data": held.source,
+             "groups": len(groups), "data": held.source,
              "status": "met" if target.met(verdict.stats) and target.decided(verdict.stats) else
              "inconclusive" if target.met(verdict.stats) else "missed"}
     return verdict, {**facts, **({"speed": speed} if speed else {})}

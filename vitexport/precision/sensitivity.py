@@ -161,15 +161,18 @@ class Sensitivity:
                       key=lambda i: (-self.passes[i].cost, self.passes[i].stats.top1_agree, i))
 
 
-def measure(sim: Simulator, kind: str, log: Log = QUIET) -> Sensitivity:
-    """One pass with everything quantized, one with nothing, then one per group alone."""
+def measure(sim: Simulator, kind: str, log: Log = QUIET, baseline: tuple[Pass, Pass] | None = None) -> Sensitivity:
+    """One pass with everything quantized, one with nothing (or those two as given), then one per group alone."""
     n = len(sim.groups)
     with log.step(f"Measuring {n} groups, one at a time, on {len(sim.held):,} held-out inputs"):
-        with log.bar("groups", n + 2, unit="passes") as tick:
-            everything = sim.run(set(range(n)), "all groups")
-            tick(1)
-            nothing = sim.run(set(), "no group")
-            tick(1)
+        with log.bar("groups", n + (0 if baseline else 2), unit="passes") as tick:
+            if baseline is None:
+                everything = sim.run(set(range(n)), "all groups")
+                tick(1)
+                nothing = sim.run(set(), "no group")
+                tick(1)
+            else:
+                everything, nothing = baseline
             passes = []
             for i, g in enumerate(sim.groups):
                 passes.append(sim.run({i}, g.name))
