@@ -51,20 +51,33 @@ class PrecisionResult:
     calib_key: str | None  # INT8: the calibration's content address
 
 
-def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precision: str, manifest: Manifest,
-                       thresholds: Thresholds | None = None, log: Log = QUIET) -> ParityVerdict:
-    """The candidate ONNX against the FP32 one on ONNX Runtime's CPU provider. FP32 runs first over the held-out set,
-    its outputs kept on disk, and its session is let go before the candidate's is made: one model in memory at a
-    time (a model of several GB would otherwise be there twice)."""
-    io = (manifest.input_name, manifest.output_name)
-    store = OutputStore(held.inputs.dir)
+def fp32_reference(fp32: Path, held: ValidationSet, manifest: Manifest, where: Path, log: Log = QUIET) -> OutputStore:
+    """The FP32 ONNX's outputs over the held-out set (ONNX Runtime's CPU provider), kept on disk in `where`; its
+    session is let go once they are, so the model compared with them is the only one in memory (a model of several
+    GB would otherwise be there twice). The caller removes the file (store.path)."""
+    store = OutputStore(where)
     try:
-        evaluate(session_infer(create_session(fp32), *io), held.inputs, held.labels, record=store,
-                 label="FP32 reference", log=log)  # the session is freed once evaluate returns
-        ev = evaluate(session_infer(create_session(candidate, optimize=optimization_for(precision)), *io),
+        evaluate(session_infer(create_session(fp32), manifest.input_name, manifest.output_name), held.inputs,
+                 held.labels, record=store, label="FP32 reference", log=log)  # the session is freed once it returns
+    except BaseException:
+        store.path.unlink(missing_ok=True)
+        raise
+    return store
+
+
+def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precision: str, manifest: Manifest,
+                       thresholds: Thresholds | None = None, log: Log = QUIET,
+                       reference: OutputStore | None = None) -> ParityVerdict:
+    """The candidate ONNX against the FP32 one on ONNX Runtime's CPU provider: FP32 first (fp32_reference, unless
+    its outputs are given as `reference`), then the candidate."""
+    store = reference or fp32_reference(fp32, held, manifest, held.inputs.dir, log)
+    try:
+        ev = evaluate(session_infer(create_session(candidate, optimize=optimization_for(precision)),
+                                    manifest.input_name, manifest.output_name),
                       held.inputs, held.labels, reference=store, label=f"checking {precision}", log=log)
     finally:
-        store.path.unlink(missing_ok=True)
+        if reference is None:
+            store.path.unlink(missing_ok=True)
     verdict = judge(ev.stats, precision, thresholds)
     log.info(f"{precision.upper()} vs FP32 on {len(held):,} held-out inputs: {describe(verdict.stats)}")
     for line in verdict.inconclusive:
@@ -235,7 +248,8 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
         cal = _calibrated(folder, kind, fp32, fp32_sha, manifest, opts, Path(scratch), log)
         verdict, fallback = None, None
         if settings.target():
-            verdict, fallback = _fall_back(kind, fp32, cal, dst, held, manifest, opts, record, Path(scratch), log)
+            verdict, fallback = _fall_back(folder, kind, fp32, cal, dst, held, manifest, opts, record, Path(scratch),
+                                           log)
         else:
             with log.step(f"Writing {folder.onnx(kind).name} ({len(cal.selection.nodes)} "
                           f"{artifact_kind(kind).precision.upper()} GEMMs)"):
@@ -262,26 +276,29 @@ def _can_fall_back(held: ValidationSet | None, max_drop: float | None = None) ->
                              f"{held.source} has none: pass such a folder with --check-data, or use --min-cos.")
 
 
-def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: ValidationSet | None, manifest: Manifest,
-               opts: CalibOptions, record: PrecisionRecord, scratch: Path,
+def _fall_back(folder: ModelFolder, kind: str, fp32: Path, cal: Calibrated, dst: Path, held: ValidationSet | None,
+               manifest: Manifest, opts: CalibOptions, record: PrecisionRecord, scratch: Path,
                log: Log) -> tuple[ParityVerdict, dict]:
     """When every group quantized already meets the target, nothing more; else measure every group
     (sensitivity.measure) and return the costliest to float until the target holds. Then write the graph and check
     it with the target's bounds; a graph that misses where the switched graph met it (the real kernels' rounding)
-    gets the next group in float too, until it holds. Returns (its verdict, the record's facts)."""
+    gets the next group in float too, until it holds. Returns (its verdict, the record's facts). Its temporaries (the
+    FP32 outputs among them) go in `scratch`, removed with it."""
     settings, precision = opts.int8, artifact_kind(kind).precision
     assert held is not None  # _can_fall_back
     target = Target(settings.min_cos, settings.max_drop, opts.thresholds or DEFAULT_THRESHOLDS[precision])
     bounds = target.thresholds()
-    sim_args = (fp32, cal.source, cal.selection, cal.amax, kind, held, (manifest.input_name, manifest.output_name),
+    with log.step(f"FP32 reference on {len(held):,} held-out inputs"):
+        store = fp32_reference(fp32, held, manifest, scratch, log)  # every pass and check is judged against it
+    sim_args = (store, cal.source, cal.selection, cal.amax, kind, held, (manifest.input_name, manifest.output_name),
                 scratch)
     sim = Simulator(*sim_args, log)
     sens: Sensitivity | None = None
     try:
         groups = sim.groups
         everything, nothing = sim.run(set(range(len(groups))), "all groups"), sim.run(set(), "no group")
-        strict = target.max_drop is not None and target.decided(nothing.stats)  # the set can decide the drop
-        if target.met(everything.stats) and (not strict or target.decided(everything.stats)):
+        strict = target.decidable(nothing.stats)
+        if target.holds(everything.stats, strict):
             log.info(f"Every group quantized meets {target.describe()} on the held-out set: none to measure.")
             k = 0
         else:
@@ -300,12 +317,12 @@ def _fall_back(kind: str, fp32: Path, cal: Calibrated, dst: Path, held: Validati
         order = sens.ranked() if sens is not None else []
         floated = [groups[i] for i in order[:k]]
         chosen = without(cal.selection, floated)
-        with log.step(f"Writing {ModelFolder(dst.parent).onnx(kind).name} ({len(chosen.nodes)} {precision.upper()} "
-                      f"GEMMs, {k} groups in float)"):
+        with log.step(f"Writing {folder.onnx(kind).name} ({len(chosen.nodes)} {precision.upper()} GEMMs, {k} "
+                      f"groups in float)"):
             record.qdq = write_int8(kind, cal.source, dst, chosen, cal.amax)
         with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs ({held.source})"):
-            verdict = check_against_fp32(fp32, dst, held, precision, manifest, bounds, log)
-        if (target.met(verdict.stats) and (not strict or target.decided(verdict.stats))) or k == len(groups):
+            verdict = check_against_fp32(fp32, dst, held, precision, manifest, bounds, log, reference=store)
+        if target.holds(verdict.stats, strict) or k == len(groups):
             break
         log.warn(f"The written graph misses {target.describe()} where the switched graph met it: one more group in "
                  f"float.")
@@ -351,7 +368,9 @@ def run_sensitivity(model_dir: ModelFolder | Path, kind: str, opts: CalibOptions
     try:
         with tempfile.TemporaryDirectory(prefix="vitexport-int8-") as scratch:
             cal = _calibrated(folder, kind, fp32, fp32_sha, manifest, opts, Path(scratch), log)
-            sim = Simulator(fp32, cal.source, cal.selection, cal.amax, kind, held,
+            with log.step(f"FP32 reference on {len(held):,} held-out inputs"):
+                store = fp32_reference(fp32, held, manifest, Path(scratch), log)  # removed with scratch
+            sim = Simulator(store, cal.source, cal.selection, cal.amax, kind, held,
                             (manifest.input_name, manifest.output_name), Path(scratch), log)
             try:
                 return measure(sim, kind, log)

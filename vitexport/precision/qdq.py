@@ -201,16 +201,16 @@ def float_gemms(fp32_model, selection: GemmSelection, scale_dtype=np.float16,
 
 
 def qdq_sources(fp32_path: Path, selection: GemmSelection, fp16: bool, scale_dtype=np.float16,
-                weight_max: float = INT8_MAX, fmt: QFormat = INT8):
+                weight_max: float = INT8_MAX, fmt: QFormat = INT8, keep_float: bool = False):
     """(the selected GEMMs with their weights quantized, the graph the Q/DQ go into: the FP32 model with the other
     weights in FP16 when fp16), each read one weight at a time: the FP32 weights are never all in memory, whatever
-    the model's size (external data included)."""
+    the model's size (external data included). keep_float: the quantized weights' float form is loaded too."""
     import onnx
 
     fp32_path = Path(fp32_path)
     gemms = float_gemms(onnx.load(str(fp32_path), load_external_data=False), selection, scale_dtype, weight_max,
                         fmt, fp32_path.parent)
-    model = load_weights(fp32_path, gemms.replaced, fp16)
+    model = load_weights(fp32_path, frozenset() if keep_float else gemms.replaced, fp16)
     return gemms, (to_fp16(model, keep_fp32=(), source=fp32_path) if fp16 else model)
 
 

@@ -4,7 +4,7 @@ One graph measures every group: the Q/DQ graph of the kind (its weights' range a
 remainder) in which every quantized input of a group passes through `Where(flags[g], DQ(Q(x)), x)`, the flags a
 graph input. One ONNX Runtime session then runs any subset of the groups quantized, the others in float, with no
 graph written per group. The FP32 model runs first over the held-out set, its outputs kept on disk, as the
-reference of every pass.
+reference of every pass (and of the checks of what the fallback writes).
 
 Each group's cost is measured with it alone quantized, every other group in float: the figure is that group's own
 error, not mixed with the others', comparable across groups, and (for small errors) the costs of several groups
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.base import infer_in_chunks
-from ..backends.ort_session import create_session, session_infer
+from ..backends.ort_session import create_session
 from ..data.stream import OutputStore
 from ..errors import VitexportError
 from ..parity.compare import ParityStats, Thresholds
@@ -34,7 +34,7 @@ from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, evaluate
 from .groups import Group, gemm_groups
 from .int8 import kind_format
-from .qdq import GemmSelection, QDQWriter, float_gemms, insert_qdq_from
+from .qdq import GemmSelection, QDQWriter, insert_qdq_from, qdq_sources
 
 FLAGS = "vitexport_quantized_groups"  # the switched graph's second input: bool[groups], True = quantized
 SERIALIZED_MAX = 1_800_000_000  # a switched graph over this many bytes is saved with external data, not in memory
@@ -71,16 +71,10 @@ def switched_graph(source: Path, selection: GemmSelection, amax: dict[str, float
     """The kind's Q/DQ graph of `source` (an FP32 ONNX) with each group switched by FLAGS (module docstring)."""
     import onnx
 
-    from .convert import load_weights, to_fp16
-
     f = kind_format(kind)
     scale_dtype = np.float16 if f.fp16 else np.float32
-    source = Path(source)
-    gemms = float_gemms(onnx.load(str(source), load_external_data=False), selection, scale_dtype, f.weight_max,
-                        f.fmt, source.parent)
-    model = load_weights(source, frozenset(), f.fp16)  # the float weights too: a group in float reads them
-    if f.fp16:
-        model = to_fp16(model, keep_fp32=(), source=source)
+    # the float weights too: a group in float reads them
+    gemms, model = qdq_sources(source, selection, f.fp16, scale_dtype, f.weight_max, f.fmt, keep_float=True)
     model.graph.input.append(onnx.helper.make_tensor_value_info(FLAGS, onnx.TensorProto.BOOL, [len(groups)]))
     index = {n: i for i, g in enumerate(groups) for n in g.nodes}
     return insert_qdq_from(gemms, model, selection, amax, scale_dtype,
@@ -100,18 +94,15 @@ class Pass:
 
 
 class Simulator:
-    """The switched graph in one session, and the FP32 reference's outputs on the held-out set."""
+    """The switched graph in one session, judged against the FP32 reference's outputs on the held-out set (`store`:
+    the caller's, who removes it)."""
 
-    def __init__(self, fp32: Path, source: Path, selection: GemmSelection, amax: dict[str, float], kind: str,
+    def __init__(self, store: OutputStore, source: Path, selection: GemmSelection, amax: dict[str, float], kind: str,
                  held: ValidationSet, io: tuple[str, str], scratch: Path, log: Log = QUIET) -> None:
         self.groups = gemm_groups(selection)
         if not self.groups:
             raise VitexportError("No GEMM is quantized: there is nothing to measure or return to float.")
-        self.held, self.io = held, io
-        self.store = OutputStore(Path(scratch))
-        with log.step(f"FP32 reference on {len(held):,} held-out inputs"):
-            evaluate(session_infer(create_session(fp32), *io), held.inputs, held.labels, record=self.store,
-                     label="FP32 reference", log=log)
+        self.held, self.io, self.store = held, io, store
         with log.step(f"Building the switched {kind} graph ({len(self.groups)} groups)"):
             model = switched_graph(source, selection, amax, kind, self.groups)
             if model.ByteSize() <= SERIALIZED_MAX:
@@ -138,7 +129,6 @@ class Simulator:
         return Pass(what, ev.stats)
 
     def close(self) -> None:
-        self.store.path.unlink(missing_ok=True)
         self.sess = None
 
 
@@ -219,6 +209,16 @@ class Target:
     def decided(self, s: ParityStats) -> bool:
         return self.max_drop is None or not Thresholds(acc_drop=self.max_drop).assess(s)[1]
 
+    def decidable(self, floor: ParityStats) -> bool:
+        """Whether the held-out set can decide the target at all: a drop bound's interval is within it with every
+        group in float (`floor`: the fewest flips there are). If not, the drop's estimate decides, and the result
+        says it is inconclusive."""
+        return self.decided(floor)
+
+    def holds(self, s: ParityStats, strict: bool) -> bool:
+        """met, and decided too when `strict` (the set is decidable)."""
+        return self.met(s) and (not strict or self.decided(s))
+
     def thresholds(self) -> Thresholds:
         """The kind's bounds with the target's in place of theirs (a user's --max-drop 3 is 3, not the kind's 1.5):
         the check of the file written."""
@@ -239,35 +239,25 @@ class Fallback:
     target: Target
     floated: list[Group]
     result: Pass
-    tried: list[tuple[int, Pass]] = field(default_factory=list)  # (groups in float, its pass), in order
 
 
-def decidable(sens: Sensitivity, target: Target) -> bool:
-    """Whether the held-out set can decide the target at all: a drop bound's interval is within it with every group
-    in float (the fewest flips there are). If not, the drop's estimate decides, and the result says it is
-    inconclusive."""
-    return target.decided(sens.none_quantized.stats)
-
-
-def search(sim: Simulator, sens: Sensitivity, target: Target, start: int = 0, log: Log = QUIET) -> Fallback:
-    """The fewest of the most costly groups (sens.ranked, at least `start` of them) whose return to float meets the
-    target on the held-out set, its drop's interval within the bound too where the set can decide it (decidable);
-    one sentence when no number of them does."""
+def search(sim: Simulator, sens: Sensitivity, target: Target, log: Log = QUIET) -> Fallback:
+    """The fewest of the most costly groups (sens.ranked) whose return to float meets the target on the held-out
+    set, its drop's interval within the bound too where the set can decide it (Target.decidable); one sentence when
+    no number of them does."""
     order = sens.ranked()
-    strict = decidable(sens, target)
-    tried: list[tuple[int, Pass]] = []
+    strict = target.decidable(sens.none_quantized.stats)
     first: tuple[int, Pass] | None = None  # the fewest meeting the estimate, when none is decided
-    with log.bar("fallback", len(order) + 1 - start, unit="passes") as tick:
-        for k in range(start, len(order) + 1):
+    with log.bar("fallback", len(order) + 1, unit="passes") as tick:
+        for k in range(len(order) + 1):
             p = sens.all_quantized if k == 0 else sim.run(set(order[k:]), f"{k} groups in float")
             tick(1)
-            tried.append((k, p))
+            if target.holds(p.stats, strict):
+                return Fallback(target, [sens.groups[i] for i in order[:k]], p)
             if target.met(p.stats):
-                if not strict or target.decided(p.stats):
-                    return Fallback(target, [sens.groups[i] for i in order[:k]], p, tried)
                 first = first or (k, p)
     if first is not None:
-        return Fallback(target, [sens.groups[i] for i in order[:first[0]]], first[1], tried)
+        return Fallback(target, [sens.groups[i] for i in order[:first[0]]], first[1])
     floor = sens.none_quantized.stats
     raise VitexportError(f"No number of groups in float meets {target.describe()} (with the kind's other bounds): "
                          f"with every group in float the "
