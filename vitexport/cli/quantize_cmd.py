@@ -79,7 +79,7 @@ def _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, lo
         raise click.UsageError("--sensitivity measures the GEMMs of --int8 or --fp8.")
     if len(kinds) > 1:
         raise click.UsageError("--sensitivity measures one graph: choose --target cpu or --target tensorrt.")
-    if calib.int8.min_cos is not None or calib.int8.max_drop is not None:
+    if calib.int8.target():
         raise click.UsageError("--sensitivity only measures; --min-cos/--max-drop make a model: run them apart.")
     from ..artifacts.workspace import writing
     from ..ensure import open_model
