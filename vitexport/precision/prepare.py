@@ -13,14 +13,14 @@ from pathlib import Path
 from ..artifacts.folder import ModelFolder, artifact_kind, onnx_digest
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
 from ..artifacts.verify import BROKEN, MISSING, check_onnx
-from ..backends.ort_session import create_session, interleaved_latency, optimization_for, session_infer
-from ..data.stream import OutputStore
+from ..backends.ort_session import interleaved_latency, optimization_for
 from ..errors import ParityError, VitexportError
 from ..model.spec import second_size
-from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, describe, judge
+from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_file
 from ..progress import QUIET, Log
-from ..validate.evaluate import ValidationSet, evaluate, open_validation
+from ..validate.evaluate import ValidationSet, open_validation
+from .check import check_against_fp32, fp32_reference
 from .convert import convert_fp16, graph_precision
 from .groups import without
 from .int8 import (
@@ -49,40 +49,6 @@ class PrecisionResult:
     verdict: ParityVerdict | None  # its check against FP32 (None: skipped)
     cache_reused: bool | None  # INT8: the calibration cache was reused
     calib_key: str | None  # INT8: the calibration's content address
-
-
-def fp32_reference(fp32: Path, held: ValidationSet, manifest: Manifest, where: Path, log: Log = QUIET) -> OutputStore:
-    """The FP32 ONNX's outputs over the held-out set (ONNX Runtime's CPU provider), kept on disk in `where`; its
-    session is let go once they are, so the model compared with them is the only one in memory (a model of several
-    GB would otherwise be there twice). The caller removes the file (store.path)."""
-    store = OutputStore(where)
-    try:
-        evaluate(session_infer(create_session(fp32), manifest.input_name, manifest.output_name), held.inputs,
-                 held.labels, record=store, label="FP32 reference", log=log)  # the session is freed once it returns
-    except BaseException:
-        store.path.unlink(missing_ok=True)
-        raise
-    return store
-
-
-def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precision: str, manifest: Manifest,
-                       thresholds: Thresholds | None = None, log: Log = QUIET,
-                       reference: OutputStore | None = None) -> ParityVerdict:
-    """The candidate ONNX against the FP32 one on ONNX Runtime's CPU provider: FP32 first (fp32_reference, unless
-    its outputs are given as `reference`), then the candidate."""
-    store = reference or fp32_reference(fp32, held, manifest, held.inputs.dir, log)
-    try:
-        ev = evaluate(session_infer(create_session(candidate, optimize=optimization_for(precision)),
-                                    manifest.input_name, manifest.output_name),
-                      held.inputs, held.labels, reference=store, label=f"checking {precision}", log=log)
-    finally:
-        if reference is None:
-            store.path.unlink(missing_ok=True)
-    verdict = judge(ev.stats, precision, thresholds)
-    log.info(f"{precision.upper()} vs FP32 on {len(held):,} held-out inputs: {describe(verdict.stats)}")
-    for line in verdict.inconclusive:
-        log.warn(f"{precision.upper()} check {line}.")
-    return verdict
 
 
 def _fp32_source(folder: ModelFolder, precision: str) -> tuple[Path, str, Manifest]:
