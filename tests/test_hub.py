@@ -186,16 +186,16 @@ def test_cached_repo_without_the_revision_or_weights(hub_cache, in_tmp):
 
 
 def test_unknown_architecture_and_model_args_are_refused(hub_cache):
-    add_repo(hub_cache, "me/deit", {"config.json": json_file(timm_config("deit_tiny_distilled_patch16_224", 1000,
-                                                                          (224, 224))),
-                                    "model.safetensors": safetensors_file({"x": torch.zeros(1)})})
+    add_repo(hub_cache, "me/eva", {"config.json": json_file(timm_config("eva02_tiny_patch14_224", 1000,
+                                                                         (224, 224))),
+                                   "model.safetensors": safetensors_file({"x": torch.zeros(1)})})
     with pytest.raises(VitexportError, match="not one of vitexport's variants"):
-        user_spec(None, "hf-hub:me/deit")
+        user_spec(None, "hf-hub:me/eva")
     cfg = timm_config("vit_digits_patch4_32", 10, (32, 32))
-    cfg["model_args"] = {"reg_tokens": 4}
+    cfg["model_args"] = {"rope_type": "axial"}
     add_repo(hub_cache, "me/reg", {"config.json": json_file(cfg),
                                    "model.safetensors": safetensors_file({"x": torch.zeros(1)})})
-    with pytest.raises(VitexportError, match="reg_tokens"):
+    with pytest.raises(VitexportError, match="rope_type"):
         user_spec(None, "hf-hub:me/reg")
 
 

@@ -134,11 +134,12 @@ def test_an_export_is_checked_at_its_largest_batch_and_at_least_two(monkeypatch)
 
 def test_the_shape_of_a_spec(monkeypatch):
     config = preflight.spec_config(ModelSpec("vit_small_patch16_384", num_classes=0))
-    assert config == {"img_size": (384, 384), "patch_size": (16, 16), "embed_dim": 384, "depth": 12, "num_heads": 6,
-                      "mlp_ratio": 4.0, "in_chans": 3, "num_classes": 0}
+    shape = {"img_size": (384, 384), "patch_size": (16, 16), "embed_dim": 384, "depth": 12, "num_heads": 6,
+             "mlp_ratio": 4.0, "in_chans": 3, "num_classes": 0, "reg_tokens": 0, "class_token": True}
+    assert {k: config[k] for k in shape} == shape
     assert preflight.spec_config(ModelSpec("vit_small_patch16_384"))["num_classes"] == 1000
-    overridden = preflight.spec_config(ModelSpec("vit_small_patch16_384", overrides={"embed_dim": 512, "depth": 3}))
-    assert (overridden["embed_dim"], overridden["depth"], overridden["num_heads"]) == (512, 3, 6)  # a hub config's
+    overridden = preflight.spec_config(ModelSpec("vit_small_patch16_384", overrides={"embed_dim": 576, "depth": 3}))
+    assert (overridden["embed_dim"], overridden["depth"], overridden["num_heads"]) == (576, 3, 6)  # a hub config's
 
 
 def test_bench_takes_the_shape_from_the_folders_manifest_else_from_the_spec(tmp_path, monkeypatch):

@@ -51,7 +51,8 @@ def vit_memory(config: Mapping[str, Any]) -> tuple[int, int, int]:
     d, depth, heads = int(config["embed_dim"]), int(config["depth"]), int(config["num_heads"])
     hidden, chans = int(d * float(config.get("mlp_ratio", 4.0))), int(config.get("in_chans", 3))
     classes = int(config.get("num_classes", 0) or 0)
-    n = (h // ph) * (w // pw) + (1 if config.get("class_token", True) else 0)
+    prefix = int(config.get("class_token", True)) + int(config.get("distilled", False)) + int(config.get("reg_tokens", 0))
+    n = (h // ph) * (w // pw) + prefix
     per_block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * hidden + hidden) + (hidden * d + d)
     params = chans * ph * pw * d + d + n * d + d + depth * per_block + 2 * d + d * classes + classes
     acts = chans * h * w + 2 * n * d + 6 * n * d + 2 * heads * n * n + 2 * n * d + 2 * n * hidden
@@ -59,15 +60,8 @@ def vit_memory(config: Mapping[str, Any]) -> tuple[int, int, int]:
 
 
 def spec_config(spec) -> dict[str, Any]:
-    """The shape a ModelSpec asks for, from the size table alone (no weights, no torch)."""
-    from .model.variants import SIZES, get_variant
-
-    v = get_variant(spec.variant)
-    d, depth, heads, mlp_ratio = SIZES[v.size]
-    return {"img_size": spec.img_size or v.img_size, "patch_size": (v.patch, v.patch), "embed_dim": d, "depth": depth,
-            "num_heads": heads, "mlp_ratio": mlp_ratio, "in_chans": v.in_chans,
-            "num_classes": v.num_classes if spec.num_classes is None else spec.num_classes,
-            **getattr(spec, "overrides", {})}
+    """The shape a ModelSpec asks for, from the architecture table alone (no weights, no torch)."""
+    return spec.config().to_dict()
 
 
 def require_memory(config: Mapping[str, Any], batch: int, what: str, name: str, fix: str,

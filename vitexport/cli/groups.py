@@ -22,7 +22,7 @@ import click
 from ..errors import VitexportError
 from ..model.posembed import DEFAULT_INTERPOLATION, INTERPOLATIONS
 from ..model.spec import user_spec
-from ..model.variants import DEFAULT_VARIANT, VARIANTS, parse_img_size
+from ..model.variants import DEFAULT_VARIANT, get_variant, parse_img_size
 from ..precision.settings import (
     CALIB_METHODS,
     DEFAULT_ALPHA,
@@ -103,14 +103,19 @@ class SizeRangeType(click.ParamType):
 
 
 class ModelName(click.ParamType):
-    """A variant name, or timm's tagged name of one (vit_base_patch16_224.augreg2_in21k_ft_in1k)."""
+    """An architecture of timm's VisionTransformer family, or timm's tagged name of one
+    (vit_base_patch16_224.augreg2_in21k_ft_in1k); unknown names get the closest known ones."""
 
-    name = "VARIANT[.TAG]"
+    name = "ARCH[.TAG]"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if value is None or str(value).partition(".")[0] in VARIANTS:
+        if value is None:
             return value
-        self.fail(f"{value!r} is not one of {', '.join(VARIANTS)} (optionally with timm's .TAG).", param, ctx)
+        try:
+            get_variant(str(value).partition(".")[0])
+        except VitexportError as e:
+            self.fail(str(e), param, ctx)
+        return value
 
 
 class CheckpointRef(click.ParamType):
@@ -176,9 +181,9 @@ MODEL = OptionGroup(
     "spec",
     lambda: [
         opt("--model", "-m", "variant", default=None, type=ModelName(),
-             help=f"Named ViT variant (timm's names; `vitexport onnx --help` lists them), or timm's tagged name "
-                  f"(vit_base_patch16_224.augreg2_in21k_ft_in1k: its weights from timm/<name> on the Hugging Face "
-                  f"hub). Default: {DEFAULT_VARIANT}, or the -c hub checkpoint's."),
+             help=f"Any architecture of timm's VisionTransformer family (`vitexport models` lists them), or timm's "
+                  f"tagged name (vit_small_patch14_reg4_dinov2.lvd142m: its weights from timm/<name> on the Hugging "
+                  f"Face hub). Default: {DEFAULT_VARIANT}, or the -c hub checkpoint's."),
         opt("--checkpoint", "-c", type=CheckpointRef(), default=None,
              help="timm .pth/.safetensors, Hugging Face file or folder, JAX .npz, or hf-hub:ORG/NAME[@REVISION] "
                   "(a timm or transformers repository, through the Hugging Face cache; HF_HUB_OFFLINE=1 works "

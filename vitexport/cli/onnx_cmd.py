@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from ..model.spec import DEFAULT_OPSET, MIN_OPSET, ExportOptions
-from ..model.variants import VARIANTS
 from ..parity.compare import EXPORT_THRESHOLDS
 from .groups import MODEL, QUIET, FiniteFloat, OptionGroup, opt, use
 
@@ -27,7 +26,8 @@ EXPORT = OptionGroup(
 )
 
 
-@click.command("onnx", epilog=f"Variants (-m): {', '.join(VARIANTS)}.")
+@click.command("onnx", epilog="Models (-m): any of timm's VisionTransformer architectures, with or without a "
+                               "pretrained tag (`vitexport models` lists them), or vit_digits_patch4_32.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
               help="Output folder (or .onnx path). Default: models/<variant>-<H>x<W>/.")
 @use(MODEL, EXPORT, QUIET)

@@ -7,7 +7,6 @@ normalise with mean/std. Grayscale, palette and RGBA images are converted to RGB
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,25 +55,19 @@ def resize_and_crop(img, pp: Preprocess):
             background = Image.new("RGBA", img.size, (255, 255, 255, 255))
             img = Image.alpha_composite(background, img)
         img = img.convert("RGB")
-    th, tw = pp.input_size
     resample = _FILTERS.get(pp.interpolation)
     if resample is None:
         raise VitexportError(f"Unknown interpolation {pp.interpolation!r} in the preprocessing config.")
+    th, tw = pp.input_size
     w, h = img.size
-    if th == tw:
-        scale = math.floor(th / pp.crop_pct)
-        if w <= h:
-            nw, nh = scale, int(scale * h / w)
-        else:
-            nw, nh = int(scale * w / h), scale
-    else:
-        # non-square target: keep the aspect ratio, scale so both sides cover size / crop_pct (timm's
-        # ResizeKeepRatio with longest=0)
-        sh, sw = math.floor(th / pp.crop_pct), math.floor(tw / pp.crop_pct)
-        ratio = min(h / sh, w / sw)
-        nh, nw = round(h / ratio), round(w / ratio)
+    nw, nh = pp.resized_size(w, h)
     if (nw, nh) != (w, h):
         img = img.resize((nw, nh), resample=resample)
+    if pp.crop_mode == "border" and (nw < tw or nh < th):  # pad with the mean colour, centred (CenterCropOrPad)
+        fill = tuple(round(255 * v) for v in pp.mean)
+        canvas = Image.new("RGB", (max(nw, tw), max(nh, th)), fill)
+        canvas.paste(img, ((tw - nw) // 2 if tw > nw else 0, (th - nh) // 2 if th > nh else 0))
+        img, (nw, nh) = canvas, canvas.size
     top, left = int(round((nh - th) / 2.0)), int(round((nw - tw) / 2.0))
     return img.crop((left, top, left + tw, top + th))
 

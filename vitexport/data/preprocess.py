@@ -3,10 +3,16 @@ The transform itself is `data.images`; each variant's defaults are `model.varian
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+
+from ..errors import VitexportError
 
 INCEPTION_MEAN = (0.5, 0.5, 0.5)
 INCEPTION_STD = (0.5, 0.5, 0.5)
+# timm's eval crop modes (data/transforms_factory.py): 'center' keeps the aspect ratio and crops, 'squash' resizes each
+# side to size / crop_pct (aspect ratio lost, nothing cut at crop_pct 1), 'border' fits the longest side and pads
+CROP_MODES = ("center", "squash", "border")
 
 
 @dataclass(frozen=True)
@@ -18,6 +24,28 @@ class Preprocess:
     std: tuple[float, float, float] = INCEPTION_STD
     crop_pct: float = 0.9  # resize the shorter side to size / crop_pct, then center-crop to size
     interpolation: str = "bicubic"  # resize filter: bicubic | bilinear | nearest
+    crop_mode: str = "center"  # CROP_MODES
+
+    def resized_size(self, w: int, h: int) -> tuple[int, int]:
+        """(width, height) an image of w x h is resized to before the crop, as timm's eval transform resizes it:
+        the target scaled by 1 / crop_pct, then 'center' covers it keeping the aspect ratio (shorter side),
+        'squash' takes it exactly, 'border' fits inside it keeping the aspect ratio (longer side)."""
+        th, tw = self.input_size
+        sh, sw = math.floor(th / self.crop_pct), math.floor(tw / self.crop_pct)
+        if self.crop_mode == "squash":
+            return sw, sh
+        if self.crop_mode == "border":  # timm's ResizeKeepRatio(longest=1)
+            ratio = max(h / sh, w / sw)
+            return round(w / ratio), round(h / ratio)
+        if self.crop_mode != "center":
+            raise VitexportError(f"Unknown crop_mode {self.crop_mode!r} in the preprocessing config; timm's are "
+                                 f"{', '.join(CROP_MODES)}.")
+        if th == tw:  # torchvision's Resize(int): the shorter side to the scale, the other in proportion
+            return (sw, int(sw * h / w)) if w <= h else (int(sw * w / h), sw)
+        # non-square target: keep the aspect ratio, scale so both sides cover size / crop_pct (timm's
+        # ResizeKeepRatio with longest=0)
+        ratio = min(h / sh, w / sw)
+        return round(w / ratio), round(h / ratio)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -33,4 +61,5 @@ class Preprocess:
             std=tuple(d["std"]),  # type: ignore[arg-type]
             crop_pct=float(d["crop_pct"]),
             interpolation=str(d["interpolation"]),
+            crop_mode=str(d.get("crop_mode", "center")),  # manifests before crop modes: timm's default
         )

@@ -60,13 +60,13 @@ def stored_grid(ckpt: Checkpoint | None, cfg: ViTConfig) -> tuple[int, int]:
         return cfg.grid_size
     if ckpt.hints.get("grid"):
         return tuple(ckpt.hints["grid"])
-    prefix = 0 if cfg.no_embed_class else (1 if cfg.class_token else 0)
+    prefix = 0 if cfg.no_embed_class else cfg.num_prefix_tokens
     return infer_grid(int(ckpt.state_dict["pos_embed"].shape[-2]) - prefix)
 
 
 def model_from_manifest(manifest: Manifest) -> VisionTransformer:
     """Rebuild the PyTorch model an export was made from (same config, same weights)."""
-    cfg = ViTConfig(**manifest.config)
+    cfg = ViTConfig.from_dict(manifest.config)
     ck = manifest.checkpoint
     if ck is None:
         return build_model(cfg, seed=int(manifest.seed or 0))

@@ -356,16 +356,16 @@ def adapt_state_dict(
     head_w = sd.get("head.weight")
     if head_w is not None and "head.weight" not in target:
         notes.append("num_classes is 0: dropped the checkpoint's head; the model outputs features.")
-        sd.pop("head.weight"), sd.pop("head.bias", None)
+        _drop_heads(sd)
     elif head_w is not None and head_w.shape != target["head.weight"].shape \
             and head_w.shape[1:] == target["head.weight"].shape[1:]:
         notes.append(f"The checkpoint's head has {head_w.shape[0]} classes, the model {target['head.weight'].shape[0]}:"
                      " dropped the checkpoint's head; the new head is untrained.")
-        sd.pop("head.weight"), sd.pop("head.bias", None)
+        _drop_heads(sd)
     elif head_w is None and "head.weight" in target:
         notes.append("The checkpoint has no classification head: the head is untrained.")
 
-    missing = [k for k in target if k not in sd and not k.startswith("head.")]
+    missing = [k for k in target if k not in sd and not k.startswith(("head.", "head_dist."))]
     unexpected = [k for k in sd if k not in target]
     mis_shaped = [f"{k} {tuple(sd[k].shape)} vs model {tuple(target[k].shape)}"
                   for k in sd if k in target and sd[k].shape != target[k].shape]
@@ -379,6 +379,12 @@ def adapt_state_dict(
             f"The checkpoint ({describe_checkpoint(sd)}) does not fit the model "
             f"({describe_checkpoint(target)}): " + "; ".join(parts) + ".")
     return sd, notes
+
+
+def _drop_heads(sd: StateDict) -> None:
+    """The classifier and, for a distilled DeiT, the distillation head."""
+    for k in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):
+        sd.pop(k, None)
 
 
 def load_into(model: VisionTransformer, ckpt: Checkpoint, pos_embed_interp: str) -> list[str]:

@@ -25,7 +25,8 @@ from typing import Any
 
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
-from .variants import SIZES, VARIANTS
+from .config import CHOICES, ViTConfig
+from .variants import CLASSIC, get_variant
 
 HUB_PREFIX = "hf-hub:"
 TIMM_ORG = "timm"  # where timm's tagged names live on the hub
@@ -33,8 +34,13 @@ CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor settings
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # tried in this order
 # ViTConfig fields a timm config's model_args may set (the same names as timm's VisionTransformer arguments)
-MODEL_ARGS = ("img_size", "num_classes", "in_chans", "global_pool", "class_token", "no_embed_class", "pre_norm",
-              "fc_norm", "qkv_bias", "init_values")
+MODEL_ARGS = tuple(f for f in ViTConfig.__dataclass_fields__ if f not in (
+    "dynamic_img_size", "pos_embed_grid", "pos_embed_interp", "drop_rate", "attn_drop_rate", "drop_path_rate"))
+# timm's spellings of the parts that ViTConfig names otherwise
+_TIMM_PART_NAMES = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu",
+                    "swish": "silu", "layernorm": "layernorm", "rmsnorm": "rmsnorm"}
+_TIMM_IGNORED = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
+                 "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size")  # training and run-time options
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # PIL's numbering, as transformers saves it
 _CACHE_DIR = re.compile(r"^models--(?P<org>[^/]+?)--(?P<name>[^/]+)$")
 
@@ -231,6 +237,10 @@ def _describe_timm(cfg: dict[str, Any], ref: HubRef) -> HubModel:
     arch = str(cfg.get("architecture") or "")
     pcfg = cfg.get("pretrained_cfg") if isinstance(cfg.get("pretrained_cfg"), dict) else cfg  # legacy: one dict
     args = cfg.get("model_args") or {}
+    if not isinstance(args, dict):
+        raise VitexportError(f"{ref}'s model_args is a JSON {type(args).__name__}, not an object.")
+    args = {k: _TIMM_PART_NAMES.get(v, v) if k in CHOICES and isinstance(v, str) else v
+            for k, v in args.items() if k not in _TIMM_IGNORED}
     unknown = sorted(k for k in args if k not in MODEL_ARGS)
     if unknown:
         raise VitexportError(f"{ref} builds {arch} with {', '.join(unknown)}, which vitexport's ViT does not have.")
@@ -245,26 +255,61 @@ def _describe_timm(cfg: dict[str, Any], ref: HubRef) -> HubModel:
         size = [size[0], *((s, s) if isinstance(s, int) else s)]
     try:
         pp = Preprocess(input_size=(int(size[-2]), int(size[-1])),
-                        mean=tuple(float(v) for v in pcfg.get("mean", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
-                        std=tuple(float(v) for v in pcfg.get("std", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
+                        mean=_triple(pcfg.get("mean", (0.5, 0.5, 0.5))), std=_triple(pcfg.get("std", (0.5, 0.5, 0.5))),
                         crop_pct=float(pcfg.get("crop_pct", 0.9)),
-                        interpolation=str(pcfg.get("interpolation", "bicubic")))
+                        interpolation=str(pcfg.get("interpolation", "bicubic")),
+                        crop_mode=str(pcfg.get("crop_mode") or "center"))
     except (TypeError, ValueError, IndexError):
-        raise VitexportError(f"{ref}'s pretrained_cfg has an unreadable input_size, mean, std or crop_pct.") from None
-    return HubModel("timm", arch, arch if arch in VARIANTS else None, pp, overrides)
+        raise VitexportError(f"{ref}'s pretrained_cfg has an unreadable input_size, mean, std, crop_pct or "
+                             f"crop_mode.") from None
+    _check_preprocess(pp, ref)
+    return HubModel("timm", arch, arch if _known(arch) else None, pp, overrides)
+
+
+def _triple(v: Any) -> tuple[float, float, float]:
+    t = tuple(float(x) for x in v)
+    if len(t) != 3:
+        raise ValueError
+    return t  # type: ignore[return-value]
+
+
+def _check_preprocess(pp: Preprocess, ref: HubRef) -> None:
+    """A hub config is input: sizes and ratios a model could really be fed, or one sentence."""
+    from ..data.preprocess import CROP_MODES
+
+    h, w = pp.input_size
+    problems = []
+    if not (0 < h <= 16384 and 0 < w <= 16384):
+        problems.append(f"input size {h}x{w} is not 1..16384 a side")
+    if not 0.05 <= pp.crop_pct <= 4:
+        problems.append(f"crop_pct {pp.crop_pct} is not 0.05..4")
+    if any(not (s > 0 and s < 1e3) for s in pp.std) or any(abs(m) > 1e3 for m in pp.mean):
+        problems.append(f"mean {pp.mean} / std {pp.std} are not usable")
+    if pp.crop_mode not in CROP_MODES:
+        problems.append(f"crop_mode {pp.crop_mode!r} is not one of {', '.join(CROP_MODES)}")
+    if problems:
+        raise VitexportError(f"{ref}'s pretrained_cfg: {'; '.join(problems)}.")
+
+
+def _known(arch: str) -> bool:
+    try:
+        get_variant(arch)
+    except VitexportError:
+        return False
+    return True
 
 
 def _describe_transformers(cfg: dict[str, Any], processor: dict[str, Any] | None) -> HubModel:
     arch = ",".join(cfg.get("architectures") or ["ViTModel"])
     img, patch = cfg.get("image_size", 224), cfg.get("patch_size", 16)
     img = (img, img) if isinstance(img, int) else tuple(img)
-    dims = (cfg.get("hidden_size"), cfg.get("num_hidden_layers"), cfg.get("num_attention_heads"))
     mlp = cfg.get("intermediate_size", 0) / max(1, cfg.get("hidden_size") or 1)
-    variant = next((v.name for v in VARIANTS.values() if SIZES[v.size][:3] == dims and SIZES[v.size][3] == mlp
-                    and v.patch == patch and v.img_size == img), None)
+    shape = {"embed_dim": cfg.get("hidden_size"), "depth": cfg.get("num_hidden_layers"),
+             "num_heads": cfg.get("num_attention_heads"), "mlp_ratio": mlp, "patch": patch, "img_size": img}
+    variant = next((n for n in CLASSIC if get_variant(n).describe() == shape), None)
     pp = None
     if processor and variant is not None:
-        pp = Preprocess(input_size=VARIANTS[variant].img_size,
+        pp = Preprocess(input_size=get_variant(variant).img_size,
                         mean=tuple(processor.get("image_mean", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
                         std=tuple(processor.get("image_std", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
                         crop_pct=1.0,  # transformers' ViT processor resizes to the input size, no crop

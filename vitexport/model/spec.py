@@ -15,12 +15,13 @@ from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..parity.compare import EXPORT_THRESHOLDS
 from ..paths import sha256_file, shipped_checkpoint
+from .config import to_2tuple
 from .posembed import DEFAULT_INTERPOLATION
 from .variants import DEFAULT_VARIANT, get_variant
 
 if TYPE_CHECKING:
     from ..artifacts.manifest import Manifest
-    from .vit import ViTConfig
+    from .config import ViTConfig
 
 
 @dataclass
@@ -49,9 +50,17 @@ class ModelSpec:
         return shipped_checkpoint(self.variant)  # the shipped trained digits model, or None
 
     def config(self) -> "ViTConfig":
-        """The model config this spec gives, without reading weights (the checkpoint's class count aside)."""
-        return get_variant(self.variant).config(img_size=self.img_size, num_classes=self.num_classes,
-                                                **self.overrides)
+        """The model config this spec gives, without reading weights (the checkpoint's class count aside).
+
+        A size the user asks for must be a multiple of the patch (an architecture's own size need not be: timm's
+        so400m/14 at 384 drops the last pixels of each side, and so does vitexport)."""
+        arch = get_variant(self.variant)
+        if self.img_size is not None:
+            patch = to_2tuple(self.overrides.get("patch_size", arch.args.get("patch_size", 16)))
+            for side, s, p in zip(("height", "width"), self.img_size, patch):
+                if s % p:
+                    raise VitexportError(f"Image {side} {s} is not a multiple of the patch size {p}.")
+        return arch.config(img_size=self.img_size, num_classes=self.num_classes, **self.overrides)
 
     def preprocess_for(self, img_size: tuple[int, int]) -> Preprocess:
         """How images become inputs of `img_size`: the checkpoint's preprocessing when it has one, else the variant's."""

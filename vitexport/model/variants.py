@@ -1,88 +1,52 @@
-"""Named ViT variants: one size table, one preprocessing config per variant (timm's names and shapes)."""
+"""Models by name: timm's VisionTransformer architectures (`archs`, from the generated table) and the shipped digits
+model, vitexport's own."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
 
 from ..data.preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocess
 from ..errors import VitexportError
 from ..paths import DIGITS_VARIANT
+from .archs import Architecture, Tag, get_arch
 
-if TYPE_CHECKING:
-    from .vit import ViTConfig
-
-# size name -> (embed_dim D, depth, num_heads, mlp_ratio)
-SIZES: dict[str, tuple[int, int, int, float]] = {
-    "digits": (64, 4, 4, 2.0),  # the small model trained on scikit-learn's digits (scripts/train_digits.py)
-    "tiny": (192, 12, 3, 4.0),
-    "small": (384, 12, 6, 4.0),
-    "base": (768, 12, 12, 4.0),
-    "large": (1024, 24, 16, 4.0),
-    "huge": (1280, 32, 16, 4.0),
-}
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    size: str
-    patch: int
-    img: int
-    num_classes: int = 1000
-    crop_pct: float = 0.9
-    interpolation: str = "bicubic"
-    mean: tuple[float, float, float] = INCEPTION_MEAN
-    std: tuple[float, float, float] = INCEPTION_STD
-    in_chans: int = 3
-
-    def config(self, img_size: tuple[int, int] | None = None, num_classes: int | None = None,
-               **overrides) -> "ViTConfig":
-        from .vit import ViTConfig  # torch: only once a model is made, so the CLI's --help stays light
-
-        D, depth, heads, mlp_ratio = SIZES[self.size]
-        return ViTConfig(
-            img_size=img_size or self.img_size,
-            patch_size=(self.patch, self.patch),
-            in_chans=self.in_chans,
-            num_classes=self.num_classes if num_classes is None else num_classes,
-            embed_dim=D, depth=depth, num_heads=heads, mlp_ratio=mlp_ratio,
-            **overrides,
-        )
-
-    @property
-    def img_size(self) -> tuple[int, int]:
-        return (self.img, self.img)
-
-    def preprocess(self, img_size: tuple[int, int] | None = None) -> Preprocess:
-        # at a size other than the variant's own, keep the crop ratio (timm does the same for its 384 models: 1.0)
-        return Preprocess(input_size=img_size or self.img_size, mean=self.mean, std=self.std,
-                          crop_pct=self.crop_pct, interpolation=self.interpolation)
-
-
-VARIANTS: dict[str, Variant] = {v.name: v for v in [
-    Variant("vit_tiny_patch16_224", "tiny", 16, 224),
-    Variant("vit_tiny_patch16_384", "tiny", 16, 384, crop_pct=1.0),
-    Variant("vit_small_patch16_224", "small", 16, 224),
-    Variant("vit_small_patch16_384", "small", 16, 384, crop_pct=1.0),
-    Variant("vit_small_patch32_224", "small", 32, 224),
-    Variant("vit_base_patch16_224", "base", 16, 224),
-    Variant("vit_base_patch16_384", "base", 16, 384, crop_pct=1.0),
-    Variant("vit_base_patch32_224", "base", 32, 224),
-    Variant("vit_base_patch32_384", "base", 32, 384, crop_pct=1.0),
-    Variant("vit_large_patch16_224", "large", 16, 224),
-    Variant("vit_large_patch16_384", "large", 16, 384, crop_pct=1.0),
-    Variant("vit_huge_patch14_224", "huge", 14, 224, num_classes=0),  # timm's: ImageNet-21k features, no head
-    Variant("vit_digits_patch4_32", "digits", 4, 32, num_classes=10, crop_pct=1.0, interpolation="bilinear"),
-]}
-
+# the small model trained on scikit-learn's digits (scripts/train_digits.py): vitexport's own, not timm's
+DIGITS = Architecture(
+    DIGITS_VARIANT, "vitexport",
+    args={"img_size": [32, 32], "patch_size": 4, "embed_dim": 64, "depth": 4, "num_heads": 4, "mlp_ratio": 2.0,
+          "num_classes": 10},
+    tags={"digits": Tag("digits", (32, 32), 10, INCEPTION_MEAN, INCEPTION_STD, crop_pct=1.0,
+                        interpolation="bilinear")})
+# the variants vitexport knew by name before it read timm's table: its examples, docs and defaults use them
+CLASSIC = ("vit_tiny_patch16_224", "vit_tiny_patch16_384", "vit_small_patch16_224", "vit_small_patch16_384",
+           "vit_small_patch32_224", "vit_base_patch16_224", "vit_base_patch16_384", "vit_base_patch32_224",
+           "vit_base_patch32_384", "vit_large_patch16_224", "vit_large_patch16_384", "vit_huge_patch14_224",
+           DIGITS_VARIANT)
 DEFAULT_VARIANT = "vit_base_patch16_224"
 
 
-def get_variant(name: str) -> Variant:
-    try:
-        return VARIANTS[name]
-    except KeyError:
-        raise VitexportError(f"Unknown model {name!r}; choose one of: {', '.join(VARIANTS)}.") from None
+def get_variant(name: str) -> Architecture:
+    """A model by name: any architecture of timm's VisionTransformer family (resources/timm_archs.json), or the
+    shipped digits model. Unknown names: one sentence with the closest names."""
+    return DIGITS if name == DIGITS_VARIANT else get_arch(name)
+
+
+class _Classic(Mapping[str, Architecture]):
+    """The classic names -> their architectures (`VARIANTS[name].preprocess()`), read from the table when asked."""
+
+    def __getitem__(self, name: str) -> Architecture:
+        if name not in CLASSIC:
+            raise KeyError(name)
+        return get_variant(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(CLASSIC)
+
+    def __len__(self) -> int:
+        return len(CLASSIC)
+
+
+VARIANTS: Mapping[str, Architecture] = _Classic()
 
 
 def parse_img_size(text: str | int | None) -> tuple[int, int] | None:
@@ -106,5 +70,5 @@ def parse_img_size(text: str | int | None) -> tuple[int, int] | None:
     return (h, w)
 
 
-__all__ = ["DEFAULT_VARIANT", "DIGITS_VARIANT", "Preprocess", "SIZES", "VARIANTS", "Variant", "get_variant",
+__all__ = ["CLASSIC", "DEFAULT_VARIANT", "DIGITS", "DIGITS_VARIANT", "Preprocess", "VARIANTS", "get_variant",
            "parse_img_size"]

@@ -1,0 +1,180 @@
+"""What a ViT is, as data: ViTConfig holds timm's VisionTransformer arguments (the ones that decide the shapes and
+the forward pass), checked when made, so a config from a hub file or a manifest that vitexport cannot build, or that
+is absurd, is one sentence before any tensor is allocated. No torch here.
+
+The names of the parts (`NORM_LAYERS`, `ACT_LAYERS`, ...) are the keys of the tables in `layers/`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..errors import VitexportError
+
+DEFAULT_NORM_EPS = 1e-6  # timm's LayerNorm and RmsNorm
+GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "")
+NORM_LAYERS = ("layernorm", "rmsnorm")
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+MLP_LAYERS = ("mlp", "swiglu", "glu", "swiglu_packed")
+BLOCK_FNS = ("block", "res_post", "parallel_scaling", "diff_parallel_scaling", "parallel_things")
+ATTN_LAYERS = ("attn", "diff")
+CHOICES = {"global_pool": GLOBAL_POOLS, "norm_layer": NORM_LAYERS, "act_layer": ACT_LAYERS, "mlp_layer": MLP_LAYERS,
+           "block_fn": BLOCK_FNS, "attn_layer": ATTN_LAYERS}
+# sanity bounds for numbers a config file may hold: far beyond any published ViT, far below what breaks arithmetic
+MAX_SIDE = 16384  # pixels of an input side
+MAX_WIDTH = 65536  # embed_dim
+MAX_DEPTH = 1024
+MAX_TOKENS = 4096  # register tokens
+
+
+def to_2tuple(x: Any) -> tuple[int, int]:
+    """An int or a pair -> (height, width)."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return (x, x)
+    if isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x):
+        return (int(x[0]), int(x[1]))
+    raise VitexportError(f"{x!r} is not a size (an integer or a pair of integers).")
+
+
+@dataclass
+class ViTConfig:
+    """Everything that decides a ViT's shapes and forward pass (timm's VisionTransformer arguments, as data)."""
+
+    img_size: tuple[int, int] = (224, 224)  # (H, W) of the input image
+    patch_size: tuple[int, int] = (16, 16)  # (P_h, P_w); H and W must be multiples
+    in_chans: int = 3
+    num_classes: int = 1000  # 0 -> no head: the model returns pooled features
+    global_pool: str = "token"  # 'token' | 'avg' | 'avgmax' | 'max' | 'map' (attention pool) | '' (no pooling)
+    embed_dim: int = 768  # D
+    depth: int = 12  # number of blocks
+    num_heads: int = 12  # H; head_dim = D / H
+    mlp_ratio: float = 4.0  # MLP hidden width / D
+    qkv_bias: bool = True
+    qk_norm: bool = False  # a norm on each head's q and k
+    scale_attn_norm: bool = False  # a norm before the attention's output projection
+    scale_mlp_norm: bool = False  # a norm before the MLP's fc2
+    proj_bias: bool = True  # biases of the attention projection and the MLP
+    init_values: float | None = None  # LayerScale init; None -> no LayerScale
+    class_token: bool = True
+    reg_tokens: int = 0  # register tokens after the class token (DINOv2 with registers)
+    no_embed_class: bool = False  # True -> the position embedding covers patch tokens only
+    pre_norm: bool = False  # a norm after the embedding (CLIP style); also drops the patch conv bias
+    final_norm: bool = True  # a norm after the blocks (before or after pooling, see fc_norm)
+    fc_norm: bool | None = None  # the final norm after pooling; None -> on for avg/avgmax/max pooling
+    pool_include_prefix: bool = False  # avg/max pooling over the prefix tokens too
+    distilled: bool = False  # DeiT's distillation token and second head, averaged with the first
+    norm_layer: str = "layernorm"  # 'layernorm' | 'rmsnorm'
+    norm_eps: float = DEFAULT_NORM_EPS  # LayerNorm epsilon (Hugging Face checkpoints use 1e-12, CLIP 1e-5)
+    embed_norm_layer: str | None = None  # a norm inside the patch embedding ('layernorm' | 'rmsnorm')
+    embed_norm_eps: float = DEFAULT_NORM_EPS
+    act_layer: str = "gelu"  # 'gelu' | 'gelu_tanh' | 'quick_gelu' | 'silu'
+    mlp_layer: str = "mlp"  # 'mlp' | 'swiglu' | 'glu' | 'swiglu_packed'
+    block_fn: str = "block"  # 'block' | 'res_post' | 'parallel_scaling' | 'diff_parallel_scaling' | 'parallel_things'
+    attn_layer: str = "attn"  # 'attn' | 'diff' (differential attention)
+    drop_rate: float = 0.0  # dropout after the position embedding, in the blocks and before the head
+    attn_drop_rate: float = 0.0  # dropout on the attention matrix
+    drop_path_rate: float = 0.0  # stochastic depth, linearly increasing over the blocks
+    # any image size (multiples of the patch): the position embedding, stored at pos_embed_grid, is resampled to
+    # each input's grid in the forward pass with pos_embed_interp (timm's dynamic_img_size)
+    dynamic_img_size: bool = False
+    pos_embed_grid: tuple[int, int] | None = None  # the grid the stored position embedding covers; None: img_size's
+    pos_embed_interp: str = "bicubic-antialias"  # posembed.INTERPOLATIONS; used only with dynamic_img_size
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        self.img_size = to_2tuple(self.img_size)
+        self.patch_size = to_2tuple(self.patch_size)
+        if self.pos_embed_grid is not None:
+            self.pos_embed_grid = to_2tuple(self.pos_embed_grid)
+        for name, table in CHOICES.items():
+            if getattr(self, name) not in table:
+                raise VitexportError(f"{name}={getattr(self, name)!r} is not one vitexport builds; it builds "
+                                     f"{', '.join(repr(k) for k in table)}.")
+        self._check_ranges()
+        if self.embed_norm_layer is not None and self.embed_norm_layer not in NORM_LAYERS:
+            raise VitexportError(f"embed_norm_layer={self.embed_norm_layer!r} is not one vitexport builds; it builds "
+                                 f"{', '.join(repr(k) for k in NORM_LAYERS)}.")
+        if self.global_pool == "token" and not self.class_token:
+            raise VitexportError("global_pool='token' needs class_token=True.")
+        if self.distilled and (self.global_pool != "token" or self.reg_tokens):
+            raise VitexportError("A distilled ViT reads its class and distillation tokens: it needs "
+                                 "global_pool='token' and no register tokens.")
+        if self.block_fn in ("parallel_scaling", "diff_parallel_scaling") and (
+                self.scale_attn_norm or self.scale_mlp_norm):
+            raise VitexportError(f"block_fn={self.block_fn!r} has no scale_attn_norm / scale_mlp_norm.")
+
+    def _check_types(self) -> None:
+        """Every field of the type it is declared with (a bool is not an int; an int may stand for a float)."""
+        for f in fields(self):
+            v, t = getattr(self, f.name), str(f.type)
+            if v is None and "None" in t:
+                continue
+            if t.startswith("bool"):
+                ok = isinstance(v, bool)
+            elif t.startswith("int"):
+                ok = isinstance(v, int) and not isinstance(v, bool)
+            elif t.startswith("float"):
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            elif t.startswith("str"):
+                ok = isinstance(v, str)
+            else:  # sizes: checked by to_2tuple
+                continue
+            if not ok:
+                raise VitexportError(f"The model config's {f.name} is {v!r}, not a {t.split(' ')[0]}.")
+
+    def _check_ranges(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise VitexportError(f"The model config's {what}.")
+
+        need(all(0 < s <= MAX_SIDE for s in self.img_size), f"img_size {self.img_size} is not 1..{MAX_SIDE} a side")
+        need(all(0 < p <= s for p, s in zip(self.patch_size, self.img_size)),
+             f"patch_size {self.patch_size} is not 1..img_size {self.img_size}")
+        need(0 < self.in_chans <= 64, f"in_chans {self.in_chans} is not 1..64")
+        need(0 <= self.num_classes <= 10**6, f"num_classes {self.num_classes} is not 0..1000000")
+        need(0 < self.embed_dim <= MAX_WIDTH, f"embed_dim {self.embed_dim} is not 1..{MAX_WIDTH}")
+        need(0 <= self.depth <= MAX_DEPTH, f"depth {self.depth} is not 0..{MAX_DEPTH}")
+        need(0 < self.num_heads <= self.embed_dim and self.embed_dim % self.num_heads == 0,
+             f"embed_dim {self.embed_dim} is not divisible into {self.num_heads} heads")
+        need(0 < self.mlp_ratio <= 64 and self.hidden_features > 0, f"mlp_ratio {self.mlp_ratio} is not in (0, 64]")
+        need(self.mlp_layer not in ("glu", "swiglu_packed") or self.hidden_features % 2 == 0,
+             f"{self.mlp_layer} MLP splits its hidden width {self.hidden_features} in halves: it must be even")
+        need(0 <= self.reg_tokens <= MAX_TOKENS, f"reg_tokens {self.reg_tokens} is not 0..{MAX_TOKENS}")
+        need(0 < self.norm_eps < 1 and 0 < self.embed_norm_eps < 1, "norm eps is not in (0, 1)")
+        need(self.init_values is None or abs(self.init_values) < 1e6, f"init_values {self.init_values} is absurd")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+
+    @property
+    def pos_grid(self) -> tuple[int, int]:
+        """The grid of the stored position embedding."""
+        return self.pos_embed_grid or self.grid_size
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Class, distillation and register tokens, in that order, before the patch tokens."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def hidden_features(self) -> int:
+        return int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def uses_fc_norm(self) -> bool:
+        return self.global_pool in ("avg", "avgmax", "max") if self.fc_norm is None else self.fc_norm
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
+        """A config from a manifest or a table; fields this version does not know are refused by name."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in d if k not in known)
+        if unknown:
+            raise VitexportError(f"The model config has fields vitexport does not know: {', '.join(unknown)}.")
+        return cls(**d)

@@ -1,0 +1,226 @@
+"""Transformer blocks, each composed of the parts it is given by name (`BlockArgs`):
+
+- ``block``: pre-norm, x + attn(norm1(x)), then x + mlp(norm2(x)) (each branch with optional LayerScale);
+- ``res_post``: post-norm on the branch, x + norm1(attn(x)), then x + norm2(mlp(x)) (SwinV2-style residual);
+- ``parallel_scaling``: one norm and one input projection for the MLP's fc1 and qkv together, attention and MLP
+  side by side, their projections summed (ViT-22B);
+- ``diff_parallel_scaling``: the same with differential attention and one fused output projection;
+- ``parallel_things``: two attention branches summed, then two MLP branches summed ("Three things everyone should
+  know about ViTs").
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .attention import ATTN_LAYERS, add_diff_lambdas, attend, diff_attend, diff_lambda
+from .mlp import MLP_LAYERS
+from .norm import RmsNorm
+
+
+class LayerScale(nn.Module):
+    """Per-channel learnable scaling of a residual branch (CaiT); gamma starts at init_values."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a whole residual branch per sample while training."""
+
+    def __init__(self, drop_prob: float = 0.0):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.drop_prob
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)  # (B, 1, 1)
+        return x * mask / keep
+
+
+@dataclass(frozen=True)
+class BlockArgs:
+    """What every block of one model shares (the config's per-block options, parts already resolved)."""
+
+    dim: int
+    num_heads: int
+    mlp_ratio: float
+    qkv_bias: bool
+    qk_norm: bool
+    scale_attn_norm: bool
+    scale_mlp_norm: bool
+    proj_bias: bool
+    init_values: float | None
+    norm_layer: Callable[[int], nn.Module]
+    act_layer: type[nn.Module]
+    mlp_layer: str
+    attn_layer: str
+    proj_drop: float = 0.0
+    attn_drop: float = 0.0
+
+    @property
+    def hidden(self) -> int:
+        return int(self.dim * self.mlp_ratio)
+
+    def attention(self, depth: int) -> nn.Module:
+        return ATTN_LAYERS[self.attn_layer](
+            self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+            scale_norm=self.scale_attn_norm, proj_bias=self.proj_bias, attn_drop=self.attn_drop,
+            proj_drop=self.proj_drop, norm_layer=self.norm_layer, depth=depth)
+
+    def mlp(self) -> nn.Module:
+        return MLP_LAYERS[self.mlp_layer](
+            self.dim, self.hidden, act_layer=self.act_layer,
+            norm_layer=self.norm_layer if self.scale_mlp_norm else None, bias=self.proj_bias, drop=self.proj_drop)
+
+    def layer_scale(self) -> nn.Module:
+        return LayerScale(self.dim, self.init_values) if self.init_values else nn.Identity()
+
+
+def _drop_path(p: float) -> nn.Module:
+    return DropPath(p) if p > 0.0 else nn.Identity()
+
+
+class Block(nn.Module):
+    """Pre-norm: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+
+    def __init__(self, a: BlockArgs, depth: int = 0, drop_path: float = 0.0):
+        super().__init__()
+        self.norm1 = a.norm_layer(a.dim)
+        self.attn = a.attention(depth)
+        self.ls1 = a.layer_scale()
+        self.drop_path1 = _drop_path(drop_path)
+        self.norm2 = a.norm_layer(a.dim)
+        self.mlp = a.mlp()
+        self.ls2 = a.layer_scale()
+        self.drop_path2 = _drop_path(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))  # (B, N, D)
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))  # (B, N, D)
+
+
+class ResPostBlock(nn.Module):
+    """Post-norm on the branch: x + norm1(attn(x)), then x + norm2(mlp(x)); init_values sets the norms' weights."""
+
+    def __init__(self, a: BlockArgs, depth: int = 0, drop_path: float = 0.0):
+        super().__init__()
+        self.init_values = a.init_values
+        self.attn = a.attention(depth)
+        self.norm1 = a.norm_layer(a.dim)
+        self.drop_path1 = _drop_path(drop_path)
+        self.mlp = a.mlp()
+        self.norm2 = a.norm_layer(a.dim)
+        self.drop_path2 = _drop_path(drop_path)
+        if a.init_values is not None:
+            nn.init.constant_(self.norm1.weight, a.init_values)
+            nn.init.constant_(self.norm2.weight, a.init_values)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.norm1(self.attn(x)))  # (B, N, D)
+        return x + self.drop_path2(self.norm2(self.mlp(x)))  # (B, N, D)
+
+
+class ParallelScalingBlock(nn.Module):
+    """in_norm -> in_proj = [fc1 | q | k | v] in one GEMM; attention and act(fc1) in parallel; their output
+    projections summed into the residual. Without qkv bias, the MLP keeps a bias of its own (mlp_bias)."""
+
+    diff = False  # DiffParallelScalingBlock: differential attention, one fused output projection
+
+    def __init__(self, a: BlockArgs, depth: int = 0, drop_path: float = 0.0):
+        super().__init__()
+        dim, hidden = a.dim, a.hidden
+        self.num_heads = a.num_heads
+        self.head_dim = dim // a.num_heads // (2 if self.diff else 1)
+        self.scale = self.head_dim**-0.5
+        self.in_norm = a.norm_layer(dim)
+        self.in_proj = nn.Linear(dim, hidden + 3 * dim, bias=a.qkv_bias)
+        self.in_split = [hidden] + [dim] * 3
+        self.mlp_bias = None if a.qkv_bias else nn.Parameter(torch.zeros(hidden))  # in in_proj's bias otherwise
+        self.q_norm = a.norm_layer(self.head_dim) if a.qk_norm else nn.Identity()
+        self.k_norm = a.norm_layer(self.head_dim) if a.qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(a.attn_drop)
+        if self.diff:
+            self.sub_norm = RmsNorm(2 * self.head_dim, eps=1e-5)
+            add_diff_lambdas(self, self.head_dim, depth)
+        self.mlp_drop = nn.Dropout(a.proj_drop)
+        self.mlp_act = a.act_layer()
+        if self.diff:
+            self.out_proj = nn.Linear(dim + hidden, dim, bias=a.proj_bias)
+        else:
+            self.attn_out_proj = nn.Linear(dim, dim, bias=a.proj_bias)
+            self.mlp_out_proj = nn.Linear(hidden, dim, bias=a.proj_bias)
+        self.ls = LayerScale(dim, a.init_values) if a.init_values is not None else nn.Identity()
+        self.drop_path = _drop_path(drop_path)
+        self.fused_attn = True
+
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v (B, N, D) -> (B, N, D)."""
+        B, N, C = q.shape
+        H, hd = self.num_heads, self.head_dim
+        if not self.diff:
+            q = self.q_norm(q.view(B, N, H, hd)).transpose(1, 2)  # (B, H, N, hd)
+            k = self.k_norm(k.view(B, N, H, hd)).transpose(1, 2)
+            v = v.view(B, N, H, hd).transpose(1, 2)
+            x = attend(q, k, v, self.scale, self.fused_attn)  # (B, H, N, hd)
+        else:
+            q = self.q_norm(q.reshape(B, N, 2 * H, hd).transpose(1, 2))  # (B, 2H, N, hd/2)
+            k = self.k_norm(k.reshape(B, N, 2 * H, hd).transpose(1, 2))
+            v = v.reshape(B, N, H, 2 * hd).transpose(1, 2)  # (B, H, N, hd)
+            x = diff_attend(q, k, v, diff_lambda(self).type_as(q), self.scale, self.fused_attn)
+            x = self.sub_norm(x) * (1 - self.lambda_init)
+        return x.transpose(1, 2).reshape(B, N, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.in_proj(self.in_norm(x))  # (B, N, hidden + 3D)
+        x_mlp, q, k, v = torch.split(y, self.in_split, dim=-1)
+        if self.mlp_bias is not None:
+            x_mlp = x_mlp + self.mlp_bias
+        x_attn = self._attention(q, k, v)  # (B, N, D)
+        x_mlp = self.mlp_drop(self.mlp_act(x_mlp))  # (B, N, hidden)
+        if self.diff:
+            y = self.out_proj(torch.cat((x_attn, x_mlp), dim=-1))
+        else:
+            y = self.attn_out_proj(x_attn) + self.mlp_out_proj(x_mlp)
+        return x + self.drop_path(self.ls(y))  # (B, N, D)
+
+
+class DiffParallelScalingBlock(ParallelScalingBlock):
+    diff = True
+
+
+class ParallelThingsBlock(nn.Module):
+    """x + sum of two attention branches, then x + sum of two MLP branches (each branch norm -> part -> ls)."""
+
+    def __init__(self, a: BlockArgs, depth: int = 0, drop_path: float = 0.0, num_parallel: int = 2):
+        super().__init__()
+        self.num_parallel = num_parallel
+        self.attns = nn.ModuleList([self._branch(a, "attn", a.attention(depth), drop_path)
+                                    for _ in range(num_parallel)])
+        self.ffns = nn.ModuleList([self._branch(a, "mlp", a.mlp(), drop_path) for _ in range(num_parallel)])
+
+    @staticmethod
+    def _branch(a: BlockArgs, name: str, part: nn.Module, drop_path: float) -> nn.Sequential:
+        return nn.Sequential(OrderedDict([("norm", a.norm_layer(a.dim)), (name, part), ("ls", a.layer_scale()),
+                                          ("drop_path", _drop_path(drop_path))]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + torch.stack([attn(x) for attn in self.attns]).sum(dim=0)  # (B, N, D)
+        return x + torch.stack([ffn(x) for ffn in self.ffns]).sum(dim=0)
+
+
+BLOCK_LAYERS: dict[str, type[nn.Module]] = {
+    "block": Block, "res_post": ResPostBlock, "parallel_scaling": ParallelScalingBlock,
+    "diff_parallel_scaling": DiffParallelScalingBlock, "parallel_things": ParallelThingsBlock,
+}
