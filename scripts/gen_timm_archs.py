@@ -140,7 +140,8 @@ def _params(tag: str) -> int:
     return sum(p.numel() for p in m.parameters())
 
 
-def generate() -> dict:
+def generate(params: bool = True) -> dict:
+    """The table; params=False leaves out the parameter counts (they take a model build per tag)."""
     import timm
     from timm.data import resolve_data_config
 
@@ -159,14 +160,15 @@ def generate() -> dict:
                 tags[name.partition(".")[2]] = {
                     "input_size": list(data["input_size"][1:]),
                     "interpolation": data["interpolation"],
-                    "mean": [round(float(x), 6) for x in data["mean"]],
-                    "std": [round(float(x), 6) for x in data["std"]],
+                    "mean": [float(x) for x in data["mean"]],
+                    "std": [float(x) for x in data["std"]],
                     "crop_pct": float(data["crop_pct"]),
                     "crop_mode": data.get("crop_mode", "center"),
                     "num_classes": tag_kwargs.get("num_classes", 1000),
                     "args": {k: v for k, v in tag_kwargs.items() if entry["args"].get(k) != v},
-                    "params": _params(name),
                 }
+                if params:
+                    tags[name.partition(".")[2]]["params"] = _params(name)
             entry["tags"] = tags
             archs[arch] = entry
     return {"timm_version": timm.__version__, "architectures": dict(sorted(archs.items()))}

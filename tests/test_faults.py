@@ -417,9 +417,11 @@ def test_an_unknown_keep_fp32_op_type(folder):
     assert _state(folder) == before
 
 
-def test_the_variant_names_are_listed_once():
-    assert "vit_huge_patch14_224" in _run("onnx", "--help").output
-    for command in ("quantize", "trt", "bench"):
+def test_the_model_names_are_listed_once():
+    """`vitexport models` lists them (timm's 179 architectures): no command's help repeats them."""
+    assert "vit_huge_patch14_224" in _run("models").output
+    assert "vit_small_patch14_reg4_dinov2" in _run("models", "dinov2").output
+    for command in ("onnx", "quantize", "trt", "bench"):
         assert "vit_huge_patch14_224" not in _run(command, "--help").output
 
 

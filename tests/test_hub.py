@@ -206,3 +206,32 @@ def test_parse_ref():
     for bad in ("hf-hub:", "hf-hub:only", "hf-hub:a/b/c", "hf-hub:a b/c"):
         with pytest.raises(VitexportError):
             parse_ref(bad)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ({"embed_dim": -5}, "embed_dim -5"), ({"depth": "12"}, "depth is '12', not a int"),
+    ({"img_size": [100000, 100000]}, "100000"), ({"reg_tokens": 10**9}, "reg_tokens"),
+    ({"act_layer": "relu6"}, "act_layer='relu6'"), ({"mlp_ratio": float("nan")}, "mlp_ratio"),
+    ({"num_heads": 7}, "not divisible into 7 heads"), ({"qkv_bias": "yes"}, "qkv_bias"),
+    ({"embed_dim": 65536, "num_heads": 16}, "memory"),  # a shape that fits no machine: refused before any tensor
+])
+def test_a_hub_config_is_input(hub_cache, args, needle, tmp_path, monkeypatch):
+    """Absurd, negative or wrongly typed fields of a timm config.json: one sentence, exit 2, nothing allocated and
+    nothing written."""
+    import tracemalloc
+
+    monkeypatch.chdir(tmp_path)
+    cfg = timm_config("vit_small_patch16_224", 1000, (224, 224))
+    cfg["model_args"] = args
+    add_repo(hub_cache, "me/odd", {"config.json": json_file(cfg),
+                                   "model.safetensors": safetensors_file({"x": torch.zeros(1)})})
+    tracemalloc.start()
+    try:
+        r = CliRunner().invoke(cli, ["onnx", "-c", "hf-hub:me/odd"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and needle.lower() in r.output.lower(), r.output
+    assert peak < 200 * 2**20, peak  # no model was allocated
+    assert not (tmp_path / "models").exists()

@@ -25,7 +25,7 @@ from .openvino_ir.convert import ir_stale_reason, make_ir
 from .precision.convert import graph_precision
 from .precision.prepare import PrecisionResult, run_quantize
 from .precision.prepare import stale_reason as onnx_stale_reason
-from .precision.settings import CalibOptions
+from .precision.settings import DEFAULT_KEEP_FP32, CalibOptions
 from .preflight import check_op_types
 from .progress import QUIET, Log
 from .tensorrt_engine.compiler import BuildFn, TrtResult, run_trt
@@ -121,7 +121,8 @@ def ensure_artifact(target: Target, kind: str, *, spec: ModelSpec | None = None,
         if reason:
             log.info(reason)
         if calib is not None and kind == "fp16":  # the TensorRT-shaped FP16 graph keeps nothing in FP32
-            check_op_types(tuple(calib.keep_fp32), folder.onnx(), "--keep-fp32", log)
+            named = tuple(op for op in calib.keep_fp32 if op not in DEFAULT_KEEP_FP32)  # defaults absent: no news
+            check_op_types(named, folder.onnx(), "--keep-fp32", log)
         result = maker(folder, kind, calib, log)
     return Artifact(kind, result.onnx_path, folder, True, export=exported, precision=result)
 

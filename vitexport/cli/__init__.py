@@ -14,6 +14,7 @@ from .. import __version__
 from .bench_cmd import bench_command
 from .failures import DEBUG_ENV, VitexportGroup, set_debug, stop_on_signals
 from .info_cmd import info_command
+from .models_cmd import models_command
 from .onnx_cmd import onnx_command
 from .openvino_cmd import openvino_command
 from .predict_cmd import predict_command
@@ -45,6 +46,7 @@ cli.add_command(openvino_command)
 cli.add_command(predict_command)
 cli.add_command(triton_command)
 cli.add_command(info_command)
+cli.add_command(models_command)
 
 
 def main() -> None:

@@ -62,7 +62,8 @@ def onnx_metadata(variant: str, preprocess: Preprocess, num_classes: int, pos_em
             "vitexport.preprocess": json.dumps(preprocess.to_dict()),
             "input_size": json.dumps(list(preprocess.input_size)), "mean": json.dumps(list(preprocess.mean)),
             "std": json.dumps(list(preprocess.std)), "crop_pct": str(preprocess.crop_pct),
-            "interpolation": preprocess.interpolation, "num_classes": str(num_classes),
+            "interpolation": preprocess.interpolation, "crop_mode": preprocess.crop_mode,
+            "num_classes": str(num_classes),
             "pos_embed_interp": pos_embed_interp}
 
 

@@ -103,7 +103,7 @@ class Architecture:
         fields_ = self.config_fields(tag)
         fields_.update(overrides)
         if img_size is not None:
-            fields_["img_size"] = tuple(img_size)
+            fields_["img_size"] = img_size
         if num_classes is not None:
             fields_["num_classes"] = num_classes
         return ViTConfig(**fields_)

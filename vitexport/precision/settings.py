@@ -10,7 +10,9 @@ if TYPE_CHECKING:
     from ..parity.compare import Thresholds
 
 CALIB_METHODS = ("minmax", "entropy", "percentile")  # how activation ranges are chosen from calibration data
-DEFAULT_KEEP_FP32 = ("LayerNormalization", "Softmax")  # FP16: op types kept in FP32 (LayerNorm overflows in FP16)
+# FP16: op types kept in FP32. LayerNorm overflows in FP16; Pow and ReduceMean are a decomposed RmsNorm's mean of
+# squares (and x^3 of the tanh GELU): |x| > 256 squared leaves FP16's range
+DEFAULT_KEEP_FP32 = ("LayerNormalization", "Softmax", "Pow", "ReduceMean")
 DEFAULT_PERCENTILE = 99.999
 DEFAULT_ALPHA = 0.5  # SmoothQuant's migration strength (its paper's default): precision/smoothquant.py
 PLACEMENTS = ("vitexport", "modelopt")  # the TensorRT INT8 graph's Q/DQ placement (precision/placement.py)

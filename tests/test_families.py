@@ -1,0 +1,106 @@
+"""The families people deploy, by their timm names, from hub repositories laid out as timm's are (made here from
+random weights by timm's own hub helpers, read offline): the export matches timm's model, every precision is made
+and passes its check, every file passes onnx.checker's full check, and the bench runs every CPU row.
+
+Depth is cut to 1 block (the repository's config.json says so, as timm writes it for such a model); width, heads,
+options and input size are the tag's own (DINOv2 at 518 px).
+"""
+
+import hashlib
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import timm
+import torch
+from click.testing import CliRunner
+from safetensors.torch import save_file
+
+from vitexport.cli import cli
+
+TAGS = ["vit_small_patch14_reg4_dinov2.lvd142m", "vit_base_patch16_siglip_224.webli",
+        "vit_base_patch16_clip_quickgelu_224.openai", "deit3_small_patch16_224.fb_in1k"]
+
+
+def lay_out_timm_repo(cache, tag: str, model) -> None:
+    """timm/<tag> in huggingface_hub's cache layout: config.json by timm's save_config_for_hf, model.safetensors."""
+    from timm.models._hub import save_config_for_hf
+
+    repo = f"timm/{tag}"
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snap = root / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(commit)
+    save_config_for_hf(model, str(snap / "config.json"))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(snap / "model.safetensors"))
+
+
+@pytest.fixture(scope="module", params=TAGS)
+def family(request, tmp_path_factory):
+    """(tag, timm model, exported folder) with the hub cache in the environment."""
+    tag = request.param
+    tmp = tmp_path_factory.mktemp(tag.split(".")[0])
+    cache = tmp / "hf-cache"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_CACHE", str(cache))
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    model = timm.create_model(tag, pretrained=False, depth=1).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # off their init: every tensor matters
+            p.add_(torch.randn_like(p) * 0.02)
+    lay_out_timm_repo(cache, tag, model)
+    folder = tmp / "model"
+    r = CliRunner().invoke(cli, ["onnx", "-m", tag, "-o", str(folder), "-q"])
+    assert r.exit_code == 0, r.output
+    yield tag, model, folder
+    mp.undo()
+
+
+def test_the_export_is_timm_s_model(family):
+    tag, model, folder = family
+    manifest = json.loads((folder / "manifest.json").read_text())
+    h, w = manifest["img_size"]
+    assert (h, w) == tuple(model.pretrained_cfg["input_size"][1:])
+    x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(x).numpy()
+    sess = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+    pp = manifest["preprocess"]
+    assert (pp["crop_pct"], pp["crop_mode"], tuple(pp["mean"])) == (
+        model.pretrained_cfg["crop_pct"], model.pretrained_cfg["crop_mode"], tuple(model.pretrained_cfg["mean"]))
+
+
+def test_every_precision_is_made_checked_and_valid(family):
+    _, _, folder = family
+    for args in (["--int8", "--target", "all"], ["--fp8"], ["--fp16", "--target", "all"]):
+        r = CliRunner().invoke(cli, ["quantize", str(folder), *args, "-q"])
+        assert r.exit_code == 0, (args, r.output)
+    written = sorted(p.name for p in folder.glob("*.onnx"))
+    assert written == ["model.fp16.onnx", "model.fp16.trt.onnx", "model.fp8.onnx", "model.int8.onnx",
+                       "model.int8.trt.onnx", "model.onnx"]
+    for name in written:
+        onnx.checker.check_model(str(folder / name), full_check=True)
+    records = json.loads((folder / "manifest.json").read_text())["precisions"]
+    assert {"fp16", "fp16-trt", "int8", "int8-trt", "fp8"} <= set(records)
+
+
+def test_the_bench_runs_every_cpu_row(family, tmp_path):
+    _, _, folder = family
+    report = tmp_path / "r.json"
+    r = CliRunner().invoke(cli, ["bench", str(folder), "--iterations", "1", "--min-time", "0", "--warmup", "0",
+                                 "--json", str(report), "-q"])
+    assert r.exit_code == 0, r.output
+    results = json.loads(report.read_text())["results"]
+    ran = {row["name"]: row for row in results if row["available"]}
+    assert {"pytorch cpu fp32", "onnxruntime cpu fp32", "onnxruntime cpu fp16", "onnxruntime cpu int8",
+            "openvino cpu fp32", "openvino cpu int8"} <= set(ran), results
+    for name, row in ran.items():
+        assert not row["parity"]["failures"], (name, row["parity"]["failures"])
