@@ -62,7 +62,7 @@ def _manifest_json() -> dict:
         "config": {"img_size": [32, 32], "patch_size": [4, 4], "in_chans": 3, "num_classes": 10, "embed_dim": 64,
                    "depth": 4, "num_heads": 4, "mlp_ratio": 2.0},
         "preprocess": {"input_size": [32, 32], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "crop_pct": 1.0,
-                       "interpolation": "bilinear"},
+                       "interpolation": "bilinear", "crop_mode": "squash"},
         "checkpoint": {"path": "/abs/vit.safetensors", "sha256": "ab" * 32, "format": "timm"},
         "seed": None, "pos_embed_interp": "bicubic-antialias", "opset": 18, "onnx": "model.onnx",
         "input_name": "pixel_values", "output_name": "logits", "input_shape": ["batch", 3, 32, 32],
@@ -99,6 +99,21 @@ def test_manifest_round_trips_the_json_written_today(tmp_path):
     write_manifest(path, m)
     assert json.loads(path.read_text()) == _manifest_json()
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]  # written atomically: no temporary left
+
+
+def test_a_manifest_from_before_crop_modes_reads_as_timm_s_default(tmp_path):
+    path = tmp_path / "manifest.json"
+    data = _manifest_json()
+    del data["preprocess"]["crop_mode"]
+    path.write_text(json.dumps(data))
+    assert read_manifest(path).preprocess.crop_mode == "center"
+    assert _manifest_json()["preprocess"]["crop_mode"] == "squash"
+    assert read_manifest(_written(tmp_path / "today.json", _manifest_json())).preprocess.crop_mode == "squash"
+
+
+def _written(path, data):
+    path.write_text(json.dumps(data))
+    return path
 
 
 def test_unknown_fields_are_kept(tmp_path):

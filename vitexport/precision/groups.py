@@ -4,8 +4,9 @@ sensitivity ranks and that the automatic fallback returns to float.
 A node's layer is its module path, the part of its ONNX name before the last '/' (the exporter names a node
 `<module>/<op>`: `blocks.3.attn.qkv/MatMul`). Per block that gives qkv, proj, fc1 and fc2; the two attention
 products share the module `blocks.N.attn` and form one group; outside the blocks, the patch embedding and the
-head. Placements that quantize other nodes (ModelOpt's LayerNorm inputs and residual Adds) get groups of their
-own by the same rule.
+head, and the attention-pool head's q, kv, attention, proj and MLP (SigLIP). Other blocks' GEMMs are named by
+their module (SwiGLU's fc1_g and fc1_x, a parallel block's in_proj and out projections). Placements that quantize
+other nodes (ModelOpt's LayerNorm inputs and residual Adds) get groups of their own by the same rule.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from .qdq import GemmSelection
 
 _BLOCK = re.compile(r"^(?:.*\.)?blocks\.(\d+)(?:\.(.*))?$")
 KIND_NAMES = {"attn.qkv": "qkv", "attn.proj": "proj", "mlp.fc1": "fc1", "mlp.fc2": "fc2", "attn": "attention",
-              "patch_embed.proj": "patch_embed", "": "residual"}
+              "patch_embed.proj": "patch_embed", "": "residual",
+              # the attention-pool head (SigLIP's 'map'): its query, key/value, attention, projection and MLP
+              "attn_pool.q": "pool_q", "attn_pool.kv": "pool_kv", "attn_pool": "pool_attention",
+              "attn_pool.proj": "pool_proj", "attn_pool.mlp.fc1": "pool_fc1", "attn_pool.mlp.fc2": "pool_fc2"}
 
 
 @dataclass(frozen=True)
