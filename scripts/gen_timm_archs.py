@@ -48,8 +48,8 @@ _PLAIN = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "e
           "mlp_ratio", "qkv_bias", "qk_norm", "scale_attn_norm", "scale_mlp_norm", "proj_bias", "init_values",
           "class_token", "no_embed_class", "reg_tokens", "pre_norm", "final_norm", "fc_norm", "pool_include_prefix",
           "dynamic_img_size", "distilled")
-_IGNORED = ("weight_init", "drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate",
-            "fix_init", "out_indices", "pretrained_cfg", "pretrained_cfg_overlay", "cache_dir",
+_IGNORED = ("weight_init", "drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
+            "drop_path_rate", "fix_init", "out_indices", "pretrained_cfg", "pretrained_cfg_overlay", "cache_dir",
             "feature_cfg", "pretrained_strict")  # training-only, or how timm loads weights
 
 
@@ -189,7 +189,8 @@ def main() -> int:
     tmp.write_text(text)
     tmp.replace(a.out)
     n_tags = sum(len(e["tags"]) for e in table["architectures"].values())
-    print(f"{a.out}: {len(table['architectures'])} architectures, {n_tags} pretrained tags (timm {table['timm_version']})")
+    print(f"{a.out}: {len(table['architectures'])} architectures, {n_tags} pretrained tags "
+          f"(timm {table['timm_version']})")
     return 0
 
 

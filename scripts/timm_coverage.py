@@ -140,8 +140,8 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
     lines = [
         "# Models: timm's VisionTransformer family, tag by tag",
         "",
-        "Made by `scripts/timm_coverage.py` (do not edit by hand). Every pretrained tag of timm's `vision_transformer.py`"
-        " and `deit.py` was built by timm with random weights (moved off their init), laid out as timm's hub "
+        "Made by `scripts/timm_coverage.py` (do not edit by hand). Every pretrained tag of timm's "
+        "`vision_transformer.py` and `deit.py` was built by timm with random weights (moved off their init), laid out as timm's hub "
         "repositories are, exported by vitexport **by name** (`-m ARCH.TAG`, offline) with its own ONNX Runtime "
         "check, and the written ONNX file was run by ONNX Runtime (CPU) against timm's PyTorch output on the same "
         f"two random images. A tag passes when max abs <= {TOLERANCE:g} x max(1, |timm output|).",

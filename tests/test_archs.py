@@ -117,7 +117,8 @@ OPTIONS = {
     "pool_avg": dict(global_pool="avg"), "pool_avgmax": dict(global_pool="avgmax"), "pool_max": dict(global_pool="max"),
     "pool_map": dict(global_pool="map", class_token=False), "pool_none": dict(global_pool="", num_classes=0),
     "pool_include_prefix": dict(global_pool="avg", pool_include_prefix=True, reg_tokens=1),
-    "gelu_tanh": dict(act_layer="gelu_tanh"), "quick_gelu": dict(act_layer="quick_gelu"), "silu": dict(act_layer="silu"),
+    "gelu_tanh": dict(act_layer="gelu_tanh"), "quick_gelu": dict(act_layer="quick_gelu"),
+    "silu": dict(act_layer="silu"),
     "swiglu": dict(mlp_layer="swiglu", act_layer="silu"), "swiglu_packed": dict(mlp_layer="swiglu_packed",
                                                                                act_layer="silu"),
     "glu": dict(mlp_layer="glu"), "layernorm_eps": dict(norm_eps=1e-5), "rmsnorm": dict(norm_layer="rmsnorm"),
@@ -158,9 +159,20 @@ def _tiny(arch: str) -> dict:
     return dict(embed_dim=96, num_heads=4, depth=2, img_size=2 * get_arch(arch).patch, num_classes=5)
 
 
-@pytest.mark.parametrize("arch", sorted(arch_names()))
-def test_every_architecture_matches_timm_at_a_tiny_size(arch):
-    """Each registered architecture's combination of options, its width cut to 64 and depth to 2."""
+def _combinations() -> list[str]:
+    """One architecture for each combination of options the registry uses (sizes aside: the meta-device test above
+    holds every architecture's own shapes)."""
+    sizes = ("embed_dim", "depth", "num_heads", "img_size", "num_classes", "in_chans")
+    seen: dict[str, str] = {}
+    for arch in sorted(arch_names()):
+        key = json.dumps({k: v for k, v in get_arch(arch).args.items() if k not in sizes}, sort_keys=True)
+        seen.setdefault(key, arch)
+    return sorted(seen.values())
+
+
+@pytest.mark.parametrize("arch", _combinations())
+def test_every_combination_of_options_matches_timm_at_a_tiny_size(arch):
+    """Each combination of options a registered architecture uses, its width cut to 96 and depth to 2."""
     torch.manual_seed(0)
     ref = timm.create_model(arch, pretrained=False, **_tiny(arch))
     assert_same_as_timm(ref, get_arch(arch).config(**_tiny(arch)))
@@ -224,3 +236,28 @@ def test_each_crop_mode_matches_timm_s_transform(mode, size, crop):
         assert np.abs(ours - ref).mean() < 0.01, (w, h)
         if mode == "border" and crop == 1.0 and w != h:  # padded with the mean colour: 0 after normalisation
             assert np.abs(ours[:, 0, 0]).max() < 0.02 and np.abs(ref[:, 0, 0]).max() < 0.02
+
+
+def test_an_option_vitexport_cannot_build_is_named_before_anything_is_built():
+    """What the generator could not translate (a later timm's new option) is kept under 'unsupported' and refused."""
+    from vitexport.model.archs import Architecture
+
+    arch = Architecture("vit_future", "vision_transformer", {"embed_dim": 64, "unsupported": {"pos_embed": "rope"}}, {})
+    with pytest.raises(VitexportError, match=r"vit_future needs pos_embed=rope, which vitexport's ViT does not build"):
+        arch.config()
+
+
+@pytest.mark.parametrize("option", ["reg_tokens_no_embed_class", "pool_map", "reg_tokens"])
+def test_dynamic_image_size_matches_timm_with_prefix_tokens(option):
+    """timm's dynamic_img_size resamples the position embedding per input; with register tokens and without a class
+    token the prefix it skips differs, and so must ours."""
+    fields = {**TINY, **OPTIONS[option], "dynamic_img_size": True}
+    torch.manual_seed(0)
+    ref = perturbed(tvt.VisionTransformer(**timm_kwargs(fields)))
+    ours = VisionTransformer(ViTConfig(**fields)).eval()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    for size in ((48, 24), (64, 64)):
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            want, got = ref(x), ours(x)
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), size
