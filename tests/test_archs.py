@@ -261,3 +261,23 @@ def test_dynamic_image_size_matches_timm_with_prefix_tokens(option):
         with torch.no_grad():
             want, got = ref(x), ours(x)
         assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), size
+
+
+def test_the_models_command_lists_what_timm_lists():
+    from click.testing import CliRunner
+
+    from vitexport.cli import cli
+
+    rows = json.loads(CliRunner().invoke(cli, ["models", "--json"]).output)
+    names = set(timm.list_models(module="vision_transformer")) | set(timm.list_models(module="deit"))
+    assert {r["name"] for r in rows} == names | {"vit_digits_patch4_32"}
+    tagged = json.loads(CliRunner().invoke(cli, ["models", "--pretrained", "--json", "*dinov2*"]).output)
+    assert {r["name"] for r in tagged} == set(timm.list_pretrained("*dinov2*")) & {
+        f"{a}.{t}" for a in names for t in get_arch(a).tags}
+    small = next(r for r in tagged if r["name"] == "vit_small_patch14_reg4_dinov2.lvd142m")
+    with torch.device("meta"):
+        params = sum(p.numel() for p in timm.create_model("vit_small_patch14_reg4_dinov2").parameters())
+    assert (small["embed_dim"], small["depth"], small["patch"], small["input_size"], small["params"]) == \
+        (384, 12, 14, [518, 518], params)
+    r = CliRunner().invoke(cli, ["models", "no_such_vit"])
+    assert r.exit_code == 1 and "No architecture matches 'no_such_vit'" in r.output

@@ -104,3 +104,23 @@ def test_the_bench_runs_every_cpu_row(family, tmp_path):
             "openvino cpu fp32", "openvino cpu int8"} <= set(ran), results
     for name, row in ran.items():
         assert not row["parity"]["failures"], (name, row["parity"]["failures"])
+
+
+def test_every_attention_site_is_found_with_its_tokens(family):
+    """Register tokens lengthen the sequence, SigLIP's pool attends from one latent query to the patch tokens: the
+    fusion check finds each block's site and the pool's, with their real head size and sequence length, and expects
+    TensorRT to fuse them in FP16."""
+    from dataclasses import replace
+
+    from vitexport.tensorrt_engine.fusion import attention_sites, why_not_fused
+
+    tag, model, folder = family
+    sites = attention_sites(onnx.load(str(folder / "model.onnx")))
+    grid = model.patch_embed.grid_size[0] * model.patch_embed.grid_size[1]
+    blocks = [s for s in sites if s.bmm1.startswith("blocks.")]
+    pool = [s for s in sites if s.bmm1.startswith("attn_pool")]
+    assert len(blocks) == len(model.blocks) and len(pool) == (1 if model.global_pool == "map" else 0)
+    head = model.embed_dim // model.blocks[0].attn.num_heads
+    assert {(s.head_size, s.seq_len) for s in blocks} == {(head, model.num_prefix_tokens + grid)}
+    assert all(s.seq_len == grid and s.head_size == head for s in pool)
+    assert all(why_not_fused(replace(s, dtype="fp16")) is None for s in sites)

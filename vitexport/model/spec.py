@@ -55,7 +55,7 @@ class ModelSpec:
         A size the user asks for must be a multiple of the patch (an architecture's own size need not be: timm's
         so400m/14 at 384 drops the last pixels of each side, and so does vitexport)."""
         arch = get_variant(self.variant)
-        if self.img_size is not None:
+        if self.img_size is not None and tuple(self.img_size) != arch.img_size:
             patch = to_2tuple(self.overrides.get("patch_size", arch.args.get("patch_size", 16)))
             for side, s, p in zip(("height", "width"), self.img_size, patch):
                 if s % p:
