@@ -189,7 +189,8 @@ def test_unknown_architecture_and_model_args_are_refused(hub_cache):
     add_repo(hub_cache, "me/eva", {"config.json": json_file(timm_config("eva02_tiny_patch14_224", 1000,
                                                                          (224, 224))),
                                    "model.safetensors": safetensors_file({"x": torch.zeros(1)})})
-    with pytest.raises(VitexportError, match="not one of vitexport's variants"):
+    with pytest.raises(VitexportError, match="eva02_tiny_patch14_224, which is not one of the architectures vitexport "
+                                             "builds .*`vitexport models` lists them"):
         user_spec(None, "hf-hub:me/eva")
     cfg = timm_config("vit_digits_patch4_32", 10, (32, 32))
     cfg["model_args"] = {"rope_type": "axial"}

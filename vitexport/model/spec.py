@@ -113,8 +113,9 @@ def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **
     hub = describe(fetch(ref))
     variant = model or hub.variant
     if variant is None:
-        raise VitexportError(f"{ref} holds {hub.architecture}, which is not one of vitexport's variants; pass "
-                             f"-m with the variant of the same shape, or see `vitexport onnx --help` for the list.")
+        raise VitexportError(f"{ref} holds {hub.architecture}, which is not one of the architectures vitexport "
+                             f"builds (timm's VisionTransformer family: `vitexport models` lists them); pass -m with "
+                             f"the architecture of the same shape.")
     get_variant(variant)
     if kw.get("img_size") is None and hub.preprocess is not None \
             and hub.preprocess.input_size != get_variant(variant).img_size:
