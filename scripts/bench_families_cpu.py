@@ -30,6 +30,7 @@ from vitexport.model.spec import user_spec
 from vitexport.parity.compare import compare
 from vitexport.paths import default_heldout_dir
 from vitexport.precision import CalibOptions
+from vitexport.precision.settings import Int8Settings
 from vitexport.progress import Log
 
 DEFAULT_MODELS = ["vit_base_patch16_224", "vit_small_patch14_reg4_dinov2", "vit_base_patch16_siglip_224"]
@@ -42,14 +43,17 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="timed runs per configuration and round")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--quantize-attention", action="store_true",
+                    help="INT8 attention products too (`quantize --int8 --quantize-attention`), for every model")
     args = ap.parse_args()
+    calib = CalibOptions(check=False, int8=Int8Settings(quantize_attention=args.quantize_attention))
     log = Log()
     runs: list[tuple[str, object, object, np.ndarray, str]] = []  # (model, ort run, ov run, input, parity)
     for name in args.model or DEFAULT_MODELS:
         spec = user_spec(name)
         folder = spec.default_folder()
         fp32 = ensure_artifact(folder.path, "fp32", spec=spec, log=log).path
-        int8 = ensure_artifact(folder.path, "int8", calib=CalibOptions(check=False), log=log).path
+        int8 = ensure_artifact(folder.path, "int8", calib=calib, log=log).path
         manifest = folder.read_manifest()
         sess = ort_session(fp32, args.threads, "ORT_ENABLE_ALL", {})
         ort_run = (lambda s, m: lambda x: s.run([m.output_name], {m.input_name: x})[0])(sess, manifest)
@@ -74,7 +78,8 @@ def main() -> None:
                 pair.append((time.perf_counter() - t0) / args.runs)
             times[label].append((pair[0], pair[1]))
         log.info(f"round {rnd + 1}/{args.rounds} done")
-    print(f"\n{cpu_model()}, {args.threads} threads (flags: {' '.join(cpu_flags()) or 'n/a'}; OpenVINO reports "
+    what = "INT8 with attention products" if args.quantize_attention else "INT8 (GEMMs with a weight)"
+    print(f"\n{what}; {cpu_model()}, {args.threads} threads (flags: {' '.join(cpu_flags()) or 'n/a'}; OpenVINO reports "
           f"{', '.join(cpu_capabilities())}); batch {args.batch}; {args.rounds} interleaved rounds x {args.runs} "
           f"runs ({time.perf_counter() - t_all:.0f} s of timing)\n")
     print("| model | ORT FP32 median ms | OpenVINO INT8 median ms | OV INT8 / ORT FP32 speed-up (min-max) | "
