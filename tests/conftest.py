@@ -69,3 +69,13 @@ def copy_export(src: Path, dst: Path) -> Path:
 
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(LOCK_NAME, OWNER_NAME))
     return Path(dst)
+
+
+def load_script(name: str):
+    """A module of scripts/ (not a package), loaded by path: tests use the same helpers the scripts run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,7 +2,6 @@
 reference ViT against timm's own model with the same weights (one by one, and as each registered architecture
 combines them), and the preprocessing of each crop mode against timm's."""
 
-import importlib.util
 import json
 from functools import partial
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from conftest import ROOT
+from conftest import load_script
 from PIL import Image
 from timm.layers import GluMlp, RmsNorm, SwiGLU
 from timm.layers import LayerNorm as TimmLayerNorm
@@ -25,13 +24,6 @@ from vitexport.model.spec import user_spec
 from vitexport.model.vit import VisionTransformer
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_timm_archs", ROOT / "scripts" / "gen_timm_archs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _without_params(t: dict) -> dict:
     t = json.loads(json.dumps(t))
     for e in t["architectures"].values():
@@ -42,7 +34,7 @@ def _without_params(t: dict) -> dict:
 
 def test_the_committed_table_is_the_installed_timm_s():
     """Regenerated from timm's registry now (parameter counts aside: the next test holds those), it is the file."""
-    assert _without_params(_generator().generate(params=False)) == _without_params(table())
+    assert _without_params(load_script("gen_timm_archs").generate(params=False)) == _without_params(table())
 
 
 def test_the_table_covers_timm_s_vision_transformer_family():

@@ -6,7 +6,6 @@ Depth is cut to 1 block (the repository's config.json says so, as timm writes it
 options and input size are the tag's own (DINOv2 at 518 px).
 """
 
-import hashlib
 import json
 
 import numpy as np
@@ -16,27 +15,12 @@ import pytest
 import timm
 import torch
 from click.testing import CliRunner
-from safetensors.torch import save_file
+from conftest import load_script
 
 from vitexport.cli import cli
 
 TAGS = ["vit_small_patch14_reg4_dinov2.lvd142m", "vit_base_patch16_siglip_224.webli",
         "vit_base_patch16_clip_quickgelu_224.openai", "deit3_small_patch16_224.fb_in1k"]
-
-
-def lay_out_timm_repo(cache, tag: str, model) -> None:
-    """timm/<tag> in huggingface_hub's cache layout: config.json by timm's save_config_for_hf, model.safetensors."""
-    from timm.models._hub import save_config_for_hf
-
-    repo = f"timm/{tag}"
-    commit = hashlib.sha1(repo.encode()).hexdigest()
-    root = cache / f"models--{repo.replace('/', '--')}"
-    snap = root / "snapshots" / commit
-    snap.mkdir(parents=True)
-    (root / "refs").mkdir()
-    (root / "refs" / "main").write_text(commit)
-    save_config_for_hf(model, str(snap / "config.json"))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(snap / "model.safetensors"))
 
 
 @pytest.fixture(scope="module", params=TAGS)
@@ -53,7 +37,7 @@ def family(request, tmp_path_factory):
     with torch.no_grad():
         for p in model.parameters():  # off their init: every tensor matters
             p.add_(torch.randn_like(p) * 0.02)
-    lay_out_timm_repo(cache, tag, model)
+    load_script("timm_coverage").lay_out_repo(cache, tag, model)  # the coverage run's own layout
     folder = tmp / "model"
     r = CliRunner().invoke(cli, ["onnx", "-m", tag, "-o", str(folder), "-q"])
     assert r.exit_code == 0, r.output
