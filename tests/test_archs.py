@@ -273,3 +273,13 @@ def test_the_models_command_lists_what_timm_lists():
         (384, 12, 14, [518, 518], params)
     r = CliRunner().invoke(cli, ["models", "no_such_vit"])
     assert r.exit_code == 1 and "No architecture matches 'no_such_vit'" in r.output
+
+
+def test_the_config_names_every_part_the_layers_build():
+    """ViTConfig checks names without torch; the layer modules map the same names to modules."""
+    from vitexport.model import config
+    from vitexport.model.layers import attention, blocks, mlp, norm
+
+    assert set(config.NORM_LAYERS) == set(norm.NORM_LAYERS) and set(config.ACT_LAYERS) == set(norm.ACT_LAYERS)
+    assert set(config.MLP_LAYERS) == set(mlp.MLP_LAYERS) and set(config.BLOCK_FNS) == set(blocks.BLOCK_LAYERS)
+    assert set(config.ATTN_LAYERS) == set(attention.ATTN_LAYERS)
