@@ -36,9 +36,8 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # tried in this order
 # ViTConfig fields a timm config's model_args may set (the same names as timm's VisionTransformer arguments)
 MODEL_ARGS = tuple(f for f in ViTConfig.__dataclass_fields__ if f not in (
     "dynamic_img_size", "pos_embed_grid", "pos_embed_interp", "drop_rate", "attn_drop_rate", "drop_path_rate"))
-# timm's spellings of the parts that ViTConfig names otherwise
-_TIMM_PART_NAMES = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu",
-                    "swish": "silu", "layernorm": "layernorm", "rmsnorm": "rmsnorm"}
+# timm's spellings of the parts that ViTConfig names otherwise (timm's get_act_layer takes both)
+_TIMM_PART_NAMES = {"swish": "silu"}
 _TIMM_IGNORED = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
                  "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size")  # training and run-time options
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # PIL's numbering, as transformers saves it
