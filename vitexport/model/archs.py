@@ -15,7 +15,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from ..data.preprocess import CROP_MODES, INCEPTION_MEAN, INCEPTION_STD, Preprocess
+from ..data.preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocess
 from ..errors import VitexportError
 
 if TYPE_CHECKING:
@@ -166,8 +166,3 @@ def resolve(name: str) -> tuple[Architecture, Tag | None]:
     arch = get_arch(arch_name)
     return arch, (arch.tags.get(tag_name) if tag_name else None)
 
-
-def check_crop_mode(mode: str) -> str:
-    if mode not in CROP_MODES:
-        raise VitexportError(f"Unknown crop_mode {mode!r}; timm's are {', '.join(CROP_MODES)}.")
-    return mode
