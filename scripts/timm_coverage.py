@@ -141,9 +141,9 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
         "# Models: timm's VisionTransformer family, tag by tag",
         "",
         "Made by `scripts/timm_coverage.py` (do not edit by hand). Every pretrained tag of timm's "
-        "`vision_transformer.py` and `deit.py` was built by timm with random weights (moved off their init), laid out as timm's hub "
-        "repositories are, exported by vitexport **by name** (`-m ARCH.TAG`, offline) with its own ONNX Runtime "
-        "check, and the written ONNX file was run by ONNX Runtime (CPU) against timm's PyTorch output on the same "
+        "`vision_transformer.py` and `deit.py` was built by timm with random weights (moved off their init), laid "
+        "out as timm's hub repositories are, exported by vitexport **by name** (`-m ARCH.TAG`, offline) with its "
+        "own ONNX Runtime check, and the written ONNX file was run by ONNX Runtime (CPU) against timm's PyTorch output on the same "
         f"two random images. A tag passes when max abs <= {TOLERANCE:g} x max(1, |timm output|).",
         "",
         "Depth is cut to 2 blocks (every option is per block), except for the smallest architecture of each family, "

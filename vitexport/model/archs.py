@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocess
 from ..errors import VitexportError
+from .config import to_2tuple
 
 if TYPE_CHECKING:
     from .config import ViTConfig
@@ -52,8 +53,9 @@ class Tag:
     args: dict[str, Any] = field(default_factory=dict)  # constructor arguments that differ from the arch's
 
     def preprocess(self, img_size: tuple[int, int] | None = None) -> Preprocess:
-        return Preprocess(input_size=tuple(img_size or self.input_size), mean=self.mean, std=self.std,  # type: ignore[arg-type]
-                          crop_pct=self.crop_pct, interpolation=self.interpolation, crop_mode=self.crop_mode)
+        return Preprocess(input_size=tuple(img_size or self.input_size),  # type: ignore[arg-type]
+                          mean=self.mean, std=self.std, crop_pct=self.crop_pct, interpolation=self.interpolation,
+                          crop_mode=self.crop_mode)
 
 
 @dataclass(frozen=True)
@@ -72,13 +74,11 @@ class Architecture:
 
     @property
     def img_size(self) -> tuple[int, int]:
-        s = self.args.get("img_size", 224)
-        return (s, s) if isinstance(s, int) else (int(s[0]), int(s[1]))
+        return to_2tuple(self.args.get("img_size", 224))
 
     @property
     def patch(self) -> int:
-        p = self.args.get("patch_size", 16)
-        return p if isinstance(p, int) else int(p[0])
+        return to_2tuple(self.args.get("patch_size", 16))[0]
 
     @property
     def num_classes(self) -> int:
@@ -93,8 +93,7 @@ class Architecture:
             opts = ", ".join(f"{k}={v}" for k, v in bad.items())
             raise VitexportError(f"{self.name} needs {opts}, which vitexport's ViT does not build.")
         args = {**self.args, **(tag.args if tag else {})}
-        out = {k: (tuple(v) if isinstance(v, list) else v) for k, v in args.items() if k not in _RUNTIME_ARGS}
-        return out
+        return {k: (tuple(v) if isinstance(v, list) else v) for k, v in args.items() if k not in _RUNTIME_ARGS}
 
     def config(self, tag: Tag | None = None, img_size: tuple[int, int] | None = None,
                num_classes: int | None = None, **overrides: Any) -> "ViTConfig":
@@ -125,7 +124,8 @@ class Architecture:
 
 def _tag(name: str, d: dict[str, Any]) -> Tag:
     return Tag(name=name, input_size=(int(d["input_size"][0]), int(d["input_size"][1])),
-               num_classes=int(d.get("num_classes", 1000)), mean=tuple(d["mean"]), std=tuple(d["std"]),  # type: ignore[arg-type]
+               num_classes=int(d.get("num_classes", 1000)),
+               mean=tuple(d["mean"]), std=tuple(d["std"]),  # type: ignore[arg-type]
                crop_pct=float(d["crop_pct"]), crop_mode=str(d.get("crop_mode", "center")),
                interpolation=str(d["interpolation"]), params=d.get("params"), args=dict(d.get("args") or {}))
 

@@ -33,9 +33,9 @@ TIMM_ORG = "timm"  # where timm's tagged names live on the hub
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor settings
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # tried in this order
-# ViTConfig fields a timm config's model_args may set (the same names as timm's VisionTransformer arguments)
-MODEL_ARGS = tuple(f for f in ViTConfig.__dataclass_fields__ if f not in (
-    "dynamic_img_size", "pos_embed_grid", "pos_embed_interp", "drop_rate", "attn_drop_rate", "drop_path_rate"))
+# ViTConfig fields a timm config's model_args may set (the same names as timm's VisionTransformer arguments; the
+# training and run-time ones are dropped first, _TIMM_IGNORED)
+MODEL_ARGS = tuple(f for f in ViTConfig.__dataclass_fields__ if f not in ("pos_embed_grid", "pos_embed_interp"))
 # timm's spellings of the parts that ViTConfig names otherwise (timm's get_act_layer takes both)
 _TIMM_PART_NAMES = {"swish": "silu"}
 _TIMM_IGNORED = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
