@@ -46,13 +46,14 @@ def family(tag: str) -> str:
     return next(f for pat, f in FAMILIES if re.search(pat, tag))
 
 
-def _perturb(model, seed: int = 0):
+def perturb(model, seed: int = 0, scale: float = 0.02):
+    """Every tensor moved off its init (norm weights of one, zero biases, LayerScale 1e-5 all matter then)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+            p.add_(torch.randn(p.shape, generator=g) * scale)
     return model.eval()
 
 
@@ -88,7 +89,7 @@ def run_tag(tag: str, depth: int | None, work: Path) -> dict:
     cache.mkdir()
     torch.manual_seed(0)
     kw = {} if depth is None else {"depth": depth}
-    model = _perturb(timm.create_model(tag, pretrained=False, **kw))
+    model = perturb(timm.create_model(tag, pretrained=False, **kw))
     lay_out_repo(cache, tag, model)
     h, w = model.pretrained_cfg["input_size"][1:]
     x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))

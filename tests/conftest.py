@@ -1,3 +1,4 @@
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -71,8 +72,9 @@ def copy_export(src: Path, dst: Path) -> Path:
     return Path(dst)
 
 
+@functools.lru_cache(maxsize=None)
 def load_script(name: str):
-    """A module of scripts/ (not a package), loaded by path: tests use the same helpers the scripts run."""
+    """A module of scripts/ (not a package), loaded by path, once: tests use the same helpers the scripts run."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")

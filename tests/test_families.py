@@ -33,11 +33,9 @@ def family(request, tmp_path_factory):
     mp.setenv("HF_HUB_CACHE", str(cache))
     mp.setenv("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
-    model = timm.create_model(tag, pretrained=False, depth=1).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # off their init: every tensor matters
-            p.add_(torch.randn_like(p) * 0.02)
-    load_script("timm_coverage").lay_out_repo(cache, tag, model)  # the coverage run's own layout
+    coverage = load_script("timm_coverage")  # the coverage run's own perturbation and repository layout
+    model = coverage.perturb(timm.create_model(tag, pretrained=False, depth=1))
+    coverage.lay_out_repo(cache, tag, model)
     folder = tmp / "model"
     r = CliRunner().invoke(cli, ["onnx", "-m", tag, "-o", str(folder), "-q"])
     assert r.exit_code == 0, r.output
