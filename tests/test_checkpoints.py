@@ -27,6 +27,7 @@ def _ours(ckpt_path, **kw):
     ckpt = load_checkpoint(ckpt_path)
     cfg = dict(TINY, **kw)
     cfg.update({k: v for k, v in ckpt.hints.items() if k in ("norm_eps", "qkv_bias")})
+    cfg.update(ckpt.fields)  # what the tensors say (a transformers pooler)
     m = VisionTransformer(ViTConfig(**cfg)).eval()
     notes = load_into(m, ckpt, "bicubic-antialias")
     return m, ckpt, notes
@@ -80,7 +81,7 @@ def _hf_model(cls_name, tmp_path):
 def test_huggingface_classifier_matches_transformers(tmp_path):
     hf = _hf_model("ViTForImageClassification", tmp_path)
     ours, ckpt, _ = _ours(tmp_path / "hf")  # the directory, with config.json
-    assert ckpt.format == "huggingface" and ckpt.hints["norm_eps"] == pytest.approx(1e-12)
+    assert ckpt.format == "hf-vit" and ckpt.hints["norm_eps"] == pytest.approx(1e-12)
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(pixel_values=x).logits, atol=1e-4, rtol=0)

@@ -136,8 +136,8 @@ def test_timm_repo_class_names_reach_the_manifest(hub_cache, in_tmp):
 
 
 def test_transformers_repo_goes_through_the_huggingface_loader(hub_cache, in_tmp):
-    """A transformers ViT of the digits' shape: the variant found from the sizes, id2label kept, and the export
-    equal to transformers' own forward pass."""
+    """A transformers ViT of the digits' shape: built from its config (named after the repository), id2label kept,
+    and the export equal to transformers' own forward pass."""
     import onnxruntime as ort
     transformers = pytest.importorskip("transformers")
 
@@ -153,12 +153,12 @@ def test_transformers_repo_goes_through_the_huggingface_loader(hub_cache, in_tmp
         "preprocessor_config.json": json_file({"image_mean": [0.5] * 3, "image_std": [0.25] * 3, "resample": 2}),
     })
     spec = user_spec(None, "hf-hub:someone/vit-digits")
-    assert spec.variant == "vit_digits_patch4_32" and spec.preprocess.std == (0.25, 0.25, 0.25)
+    assert spec.variant == "vit-digits" and spec.preprocess.std == (0.25, 0.25, 0.25)
     r = CliRunner().invoke(cli, ["onnx", "-q", "-c", "hf-hub:someone/vit-digits"])
     assert r.exit_code == 0, r.output
-    folder = ModelFolder(in_tmp / "models" / "vit_digits_patch4_32-32x32")
+    folder = ModelFolder(in_tmp / "models" / "vit-digits-32x32")
     m = folder.read_manifest()
-    assert m.checkpoint.format == "huggingface" and m.checkpoint.repo == "someone/vit-digits"
+    assert m.checkpoint.format == "hf-vit" and m.checkpoint.repo == "someone/vit-digits"
     assert m.labels.names == [f"digit {i}" for i in range(10)]
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():

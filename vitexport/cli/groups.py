@@ -193,8 +193,9 @@ MODEL = OptionGroup(
                   "--dynamic-img-size: the default size; `bench` takes it more than once and times each size."),
         opt("--num-classes", type=click.IntRange(min=0), default=None,
              help="Classes of the head (0: features). Default: the checkpoint's, else the variant's."),
-        opt("--pos-embed-interp", type=click.Choice(list(INTERPOLATIONS)), default=DEFAULT_INTERPOLATION,
-             show_default=True, help="How to resize the position embedding."),
+        opt("--pos-embed-interp", type=click.Choice(list(INTERPOLATIONS)), default=None,
+             help=f"How to resize the position embedding. Default: as a transformers checkpoint's own code does, "
+                  f"else {DEFAULT_INTERPOLATION}."),
         opt("--dynamic-img-size", is_flag=True,
              help="Any image size (multiples of the patch size, within --img-size-range): the position embedding "
                   "is resampled in the graph; --img-size is the default size (preprocessing, calibration, checks). "

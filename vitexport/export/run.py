@@ -56,7 +56,7 @@ def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int,
     """The manifest of an export, before its file exists (no digests, no parity yet); img_size_range: a
     dynamic-size export's (size_range)."""
     cfg, ckpt = built.model.cfg, built.checkpoint
-    classes_or_width = cfg.num_classes or cfg.embed_dim
+    classes_or_width = cfg.num_classes or cfg.num_features
     return Manifest(
         variant=spec.variant, img_size=cfg.img_size, patch_size=cfg.patch_size, grid=cfg.grid_size,
         num_classes=cfg.num_classes,

@@ -12,7 +12,6 @@ from ..model.checkpoints import Checkpoint, load_checkpoint, load_into
 from ..model.labels import labels_record
 from ..model.posembed import INTERPOLATIONS, infer_grid
 from ..model.spec import ModelSpec
-from ..model.variants import get_variant
 from ..model.vit import VisionTransformer, ViTConfig, build_model
 
 
@@ -30,11 +29,13 @@ def build(spec: ModelSpec) -> BuiltModel:
     if spec.pos_embed_interp not in INTERPOLATIONS:
         raise VitexportError(f"Unknown --pos-embed-interp {spec.pos_embed_interp!r}; choose one of: "
                              f"{', '.join(INTERPOLATIONS)}.")
-    variant = get_variant(spec.variant)
+    variant = spec.architecture()
     ckpt_path = spec.resolved_checkpoint()
     ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
     overrides = {k: ckpt.hints[k] for k in ("norm_eps", "qkv_bias") if ckpt is not None and k in ckpt.hints}
     overrides.update(spec.overrides)
+    if ckpt is not None:
+        overrides.update(ckpt.fields)  # what its tensors say: a pooler, a projection, registers, the head's input
     num_classes = spec.num_classes
     if num_classes is None and ckpt is not None:
         num_classes = ckpt.num_classes  # follow the checkpoint's head (0: a feature extractor)
@@ -45,11 +46,12 @@ def build(spec: ModelSpec) -> BuiltModel:
         cfg = replace(cfg, dynamic_img_size=True, pos_embed_interp=spec.pos_embed_interp,
                       pos_embed_grid=stored_grid(ckpt, cfg))
     model = build_model(cfg, seed=spec.seed)
+    notes = list(spec.notes)
     if ckpt is not None:
-        notes = load_into(model, ckpt, spec.pos_embed_interp)
+        notes += load_into(model, ckpt, spec.pos_embed_interp)
     else:
-        notes = [f"No checkpoint: deterministic random weights (seed {spec.seed}). Latency is real, "
-                 "accuracy is meaningless."]
+        notes.append(f"No checkpoint: deterministic random weights (seed {spec.seed}). Latency is real, "
+                     "accuracy is meaningless.")
     labels = labels_record(cfg.num_classes, spec.variant, None if ckpt is None else ckpt.hints.get("labels"))
     return BuiltModel(model.eval(), spec.preprocess_for(cfg.img_size), ckpt, notes, labels)
 

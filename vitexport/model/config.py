@@ -14,14 +14,15 @@ from typing import Any
 from ..errors import VitexportError
 
 DEFAULT_NORM_EPS = 1e-6  # timm's LayerNorm and RmsNorm
-GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "")
+GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "token_avg", "")
 NORM_LAYERS = ("layernorm", "rmsnorm")
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 MLP_LAYERS = ("mlp", "swiglu", "glu", "swiglu_packed")
 BLOCK_FNS = ("block", "res_post", "parallel_scaling", "diff_parallel_scaling", "parallel_things")
 ATTN_LAYERS = ("attn", "diff")
+PRE_LOGITS_ACTS = ("tanh", "")  # the representation layer's activation ('' none: a plain projection)
 CHOICES = {"global_pool": GLOBAL_POOLS, "norm_layer": NORM_LAYERS, "act_layer": ACT_LAYERS, "mlp_layer": MLP_LAYERS,
-           "block_fn": BLOCK_FNS, "attn_layer": ATTN_LAYERS}
+           "block_fn": BLOCK_FNS, "attn_layer": ATTN_LAYERS, "pre_logits_act": PRE_LOGITS_ACTS}
 # sanity bounds for numbers a config file may hold: far beyond any published ViT, far below what breaks arithmetic
 MAX_SIDE = 16384  # pixels of an input side
 MAX_WIDTH = 65536  # embed_dim
@@ -46,7 +47,9 @@ class ViTConfig:
     patch_size: tuple[int, int] = (16, 16)  # (P_h, P_w); H and W must be multiples
     in_chans: int = 3
     num_classes: int = 1000  # 0 -> no head: the model returns pooled features
-    global_pool: str = "token"  # 'token' | 'avg' | 'avgmax' | 'max' | 'map' (attention pool) | '' (no pooling)
+    # 'token' | 'avg' | 'avgmax' | 'max' | 'map' (attention pool) | 'token_avg' (the class token and the mean of the
+    # patch tokens side by side: 2 x D, transformers' Dinov2ForImageClassification) | '' (no pooling)
+    global_pool: str = "token"
     embed_dim: int = 768  # D
     depth: int = 12  # number of blocks
     num_heads: int = 12  # H; head_dim = D / H
@@ -65,6 +68,11 @@ class ViTConfig:
     fc_norm: bool | None = None  # the final norm after pooling; None -> on for avg/avgmax/max pooling
     pool_include_prefix: bool = False  # avg/max pooling over the prefix tokens too
     distilled: bool = False  # DeiT's distillation token and second head, averaged with the first
+    # a Linear after pooling, before the head (timm's former representation layer, transformers' ViT pooler, CLIP's
+    # visual projection): its width (0: none), activation and bias
+    pre_logits_size: int = 0
+    pre_logits_act: str = "tanh"
+    pre_logits_bias: bool = True
     norm_layer: str = "layernorm"  # 'layernorm' | 'rmsnorm'
     norm_eps: float = DEFAULT_NORM_EPS  # LayerNorm epsilon (Hugging Face checkpoints use 1e-12, CLIP 1e-5)
     embed_norm_layer: str | None = None  # a norm inside the patch embedding ('layernorm' | 'rmsnorm')
@@ -96,11 +104,13 @@ class ViTConfig:
         if self.embed_norm_layer is not None and self.embed_norm_layer not in NORM_LAYERS:
             raise VitexportError(f"embed_norm_layer={self.embed_norm_layer!r} is not one vitexport builds; it builds "
                                  f"{', '.join(repr(k) for k in NORM_LAYERS)}.")
-        if self.global_pool == "token" and not self.class_token:
-            raise VitexportError("global_pool='token' needs class_token=True.")
+        if self.global_pool in ("token", "token_avg") and not self.class_token:
+            raise VitexportError(f"global_pool={self.global_pool!r} needs class_token=True.")
         if self.distilled and (self.global_pool != "token" or self.reg_tokens):
             raise VitexportError("A distilled ViT reads its class and distillation tokens: it needs "
                                  "global_pool='token' and no register tokens.")
+        if self.distilled and self.pre_logits_size:
+            raise VitexportError("A distilled ViT has no representation layer (pre_logits_size).")
         if self.block_fn in ("parallel_scaling", "diff_parallel_scaling") and (
                 self.scale_attn_norm or self.scale_mlp_norm):
             raise VitexportError(f"block_fn={self.block_fn!r} has no scale_attn_norm / scale_mlp_norm.")
@@ -141,6 +151,7 @@ class ViTConfig:
         need(0 < self.mlp_ratio <= 64 and self.hidden_features > 0, f"mlp_ratio {self.mlp_ratio} is not in (0, 64]")
         need(self.mlp_layer not in ("glu", "swiglu_packed") or self.hidden_features % 2 == 0,
              f"{self.mlp_layer} MLP splits its hidden width {self.hidden_features} in halves: it must be even")
+        need(0 <= self.pre_logits_size <= MAX_WIDTH, f"pre_logits_size {self.pre_logits_size} is not 0..{MAX_WIDTH}")
         need(0 <= self.reg_tokens <= MAX_TOKENS, f"reg_tokens {self.reg_tokens} is not 0..{MAX_TOKENS}")
         need(0 < self.norm_eps < 1 and 0 < self.embed_norm_eps < 1, "norm eps is not in (0, 1)")
         need(self.init_values is None or abs(self.init_values) < 1e6, f"init_values {self.init_values} is absurd")
@@ -162,6 +173,13 @@ class ViTConfig:
     @property
     def hidden_features(self) -> int:
         return int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def num_features(self) -> int:
+        """The width of what the head reads: the pooled vector, or the representation layer's output."""
+        if self.pre_logits_size:
+            return self.pre_logits_size
+        return 2 * self.embed_dim if self.global_pool == "token_avg" else self.embed_dim
 
     @property
     def uses_fc_norm(self) -> bool:

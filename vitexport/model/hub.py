@@ -7,8 +7,11 @@ is; `describe` turns it into the facts a ModelSpec needs:
 - timm repositories (`model.safetensors` + `config.json` with `architecture`, `num_classes`, `pretrained_cfg`):
   the variant, ViTConfig fields from `model_args`, and the preprocessing (mean, std, crop_pct, interpolation,
   input size);
-- transformers ViT repositories (`config.json` with `model_type: vit`): the variant whose sizes match, and
-  mean/std/resample from `preprocessor_config.json` when the repository has one.
+- transformers repositories (`config.json` with a `model_type` of `hf_configs.FAMILIES`: ViT, DeiT, DINOv2, CLIP,
+  SigLIP): the ViTConfig fields of any size the config describes, and the preprocessing of
+  `preprocessor_config.json` (the family's documented one without it).
+
+Local checkpoint folders are described the same way (`local_config`).
 
 The weights then go through the checkpoint converters like any local file (`checkpoints.load_checkpoint`).
 No torch here: the CLI resolves names before anything heavy is imported.
@@ -26,7 +29,7 @@ from typing import Any
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from .config import CHOICES, ViTConfig
-from .variants import CLASSIC, get_variant
+from .variants import get_variant
 
 HUB_PREFIX = "hf-hub:"
 TIMM_ORG = "timm"  # where timm's tagged names live on the hub
@@ -40,7 +43,6 @@ MODEL_ARGS = tuple(f for f in ViTConfig.__dataclass_fields__ if f not in ("pos_e
 _TIMM_PART_NAMES = {"swish": "silu"}
 _TIMM_IGNORED = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
                  "drop_path_rate", "weight_init", "fix_init", "dynamic_img_size")  # training and run-time options
-_HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # PIL's numbering, as transformers saves it
 _CACHE_DIR = re.compile(r"^models--(?P<org>[^/]+?)--(?P<name>[^/]+)$")
 
 
@@ -145,7 +147,7 @@ def fetch(ref: HubRef) -> Snapshot:
             raise VitexportError(f"{ref} holds none of {', '.join(WEIGHT_FILES)}{where}; vitexport reads timm and "
                                  f"transformers ViT repositories.")
         extra = {}
-        if config.get("model_type") == "vit" and (pp := _download(ref, PREPROCESSOR_FILE, optional=True)):
+        if config.get("model_type") and (pp := _download(ref, PREPROCESSOR_FILE, optional=True)):
             extra[PREPROCESSOR_FILE] = _read_json(pp, ref)
         _FETCHED[key] = Snapshot(ref, config_path.parent.name, config, weights, extra)
     return _FETCHED[key]
@@ -213,26 +215,54 @@ def _read_json(path: Path, ref: HubRef) -> dict[str, Any]:
 
 @dataclass
 class HubModel:
-    """What a repository says about its model, in vitexport's terms."""
+    """What a checkpoint's config says about its model, in vitexport's terms."""
 
     kind: str  # 'timm' | 'transformers'
     architecture: str  # as the config names it (timm's model name, or the transformers class)
     variant: str | None  # the matching variants.VARIANTS name; None when there is none
     preprocess: Preprocess | None  # at the checkpoint's input size; None: the variant's
     overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields the config sets
+    pos_embed_interp: str | None = None  # how its own code resamples the position embedding; None: vitexport's
+    notes: list[str] = field(default_factory=list)  # what the user should know (preprocessing assumed)
 
 
 def describe(snapshot: Snapshot) -> HubModel:
-    cfg = snapshot.config
+    return describe_config(snapshot.config, snapshot.extra.get(PREPROCESSOR_FILE), str(snapshot.ref))
+
+
+def describe_config(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) -> HubModel:
+    """A timm config (architecture, pretrained_cfg) or a transformers one (model_type) -> HubModel."""
     if "architecture" in cfg or "pretrained_cfg" in cfg:
-        return _describe_timm(cfg, snapshot.ref)
-    if cfg.get("model_type") == "vit":
-        return _describe_transformers(cfg, snapshot.extra.get(PREPROCESSOR_FILE))
-    raise VitexportError(f"{snapshot.ref}'s {CONFIG_FILE} is neither a timm config (architecture, pretrained_cfg) "
-                         f"nor a transformers ViT config (model_type 'vit').")
+        return _describe_timm(cfg, where)
+    if "model_type" in cfg:
+        return _describe_transformers(cfg, processor, where)
+    raise VitexportError(f"{where}'s {CONFIG_FILE} is neither a timm config (architecture, pretrained_cfg) nor a "
+                         f"transformers one (model_type).")
 
 
-def _describe_timm(cfg: dict[str, Any], ref: HubRef) -> HubModel:
+def local_config(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """(config.json, preprocessor_config.json or None) of a checkpoint folder, or of the folder of a weights file;
+    None when there is no config.json or it is neither timm's nor transformers' (a file that merely sits beside
+    one)."""
+    folder = path if path.is_dir() else path.parent
+    try:
+        cfg = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(cfg, dict) or not ({"architecture", "pretrained_cfg", "model_type"} & set(cfg)):
+        return None
+    proc = None
+    if (folder / PREPROCESSOR_FILE).is_file():
+        try:
+            proc = json.loads((folder / PREPROCESSOR_FILE).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            raise VitexportError(f"{folder / PREPROCESSOR_FILE} is not valid JSON.") from None
+        if not isinstance(proc, dict):
+            raise VitexportError(f"{folder / PREPROCESSOR_FILE} holds a JSON {type(proc).__name__}, not an object.")
+    return cfg, proc
+
+
+def _describe_timm(cfg: dict[str, Any], ref: str) -> HubModel:
     arch = str(cfg.get("architecture") or "")
     pcfg = cfg.get("pretrained_cfg") if isinstance(cfg.get("pretrained_cfg"), dict) else cfg  # legacy: one dict
     args = cfg.get("model_args") or {}
@@ -272,7 +302,7 @@ def _triple(v: Any) -> tuple[float, float, float]:
     return t  # type: ignore[return-value]
 
 
-def _check_preprocess(pp: Preprocess, ref: HubRef) -> None:
+def _check_preprocess(pp: Preprocess, ref: str) -> None:
     """A hub config is input: sizes and ratios a model could really be fed, or one sentence."""
     from ..data.preprocess import CROP_MODES
 
@@ -298,19 +328,9 @@ def _known(arch: str) -> bool:
     return True
 
 
-def _describe_transformers(cfg: dict[str, Any], processor: dict[str, Any] | None) -> HubModel:
-    arch = ",".join(cfg.get("architectures") or ["ViTModel"])
-    img, patch = cfg.get("image_size", 224), cfg.get("patch_size", 16)
-    img = (img, img) if isinstance(img, int) else tuple(img)
-    mlp = cfg.get("intermediate_size", 0) / max(1, cfg.get("hidden_size") or 1)
-    shape = {"embed_dim": cfg.get("hidden_size"), "depth": cfg.get("num_hidden_layers"),
-             "num_heads": cfg.get("num_attention_heads"), "mlp_ratio": mlp, "patch": patch, "img_size": img}
-    variant = next((n for n in CLASSIC if get_variant(n).describe() == shape), None)
-    pp = None
-    if processor and variant is not None:
-        pp = Preprocess(input_size=get_variant(variant).img_size,
-                        mean=tuple(processor.get("image_mean", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
-                        std=tuple(processor.get("image_std", (0.5, 0.5, 0.5))),  # type: ignore[arg-type]
-                        crop_pct=1.0,  # transformers' ViT processor resizes to the input size, no crop
-                        interpolation=_HF_RESAMPLE.get(processor.get("resample", 2), "bilinear"))
-    return HubModel("transformers", arch, variant, pp)
+def _describe_transformers(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) -> HubModel:
+    from .hf_configs import describe as describe_hf
+
+    d = describe_hf(cfg, processor, where)
+    arch = ",".join(str(a) for a in (cfg.get("architectures") or [])) or d.family.model_type
+    return HubModel("transformers", arch, None, d.preprocess, d.fields, d.family.pos_embed_interp, d.notes)

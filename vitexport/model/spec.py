@@ -6,6 +6,7 @@ Plain data, no torch: the CLI turns its options into these objects before anythi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..parity.compare import EXPORT_THRESHOLDS
 from ..paths import sha256_file, shipped_checkpoint
+from .archs import Architecture, Tag
 from .config import to_2tuple
 from .posembed import DEFAULT_INTERPOLATION
 from .variants import DEFAULT_VARIANT, get_variant
@@ -22,6 +24,7 @@ from .variants import DEFAULT_VARIANT, get_variant
 if TYPE_CHECKING:
     from ..artifacts.manifest import Manifest
     from .config import ViTConfig
+    from .hub import HubModel
 
 
 @dataclass
@@ -38,6 +41,12 @@ class ModelSpec:
     dynamic_img_size: bool = False  # an export that takes any image size in img_size_range (img_size: the default)
     img_size_range: "SizeRange | None" = None  # ((min H, min W), (max H, max W)); None: default_range()
     bench_sizes: tuple[tuple[int, int], ...] = ()  # `bench --img-size A --img-size B`: the sizes to time
+    # a model no table names (a transformers config of any size): its architecture, `variant` its name
+    arch: Architecture | None = None
+    notes: list[str] = field(default_factory=list)  # what the user should know about the spec (assumptions)
+
+    def architecture(self) -> Architecture:
+        return self.arch if self.arch is not None else get_variant(self.variant)
 
     def resolved_checkpoint(self) -> Path | None:
         """The weights file or folder to read: a hub reference is fetched through the Hugging Face cache."""
@@ -54,7 +63,7 @@ class ModelSpec:
 
         A size the user asks for must be a multiple of the patch (an architecture's own size need not be: timm's
         so400m/14 at 384 drops the last pixels of each side, and so does vitexport)."""
-        arch = get_variant(self.variant)
+        arch = self.architecture()
         if self.img_size is not None and tuple(self.img_size) != arch.img_size:
             patch = to_2tuple(self.overrides.get("patch_size", arch.args.get("patch_size", 16)))
             for side, s, p in zip(("height", "width"), self.img_size, patch):
@@ -65,13 +74,13 @@ class ModelSpec:
     def preprocess_for(self, img_size: tuple[int, int]) -> Preprocess:
         """How images become inputs of `img_size`: the checkpoint's preprocessing when it has one, else the variant's."""
         if self.preprocess is None:
-            return get_variant(self.variant).preprocess(img_size)
+            return self.architecture().preprocess(img_size)
         return replace(self.preprocess, input_size=tuple(img_size))
 
     def default_folder(self) -> ModelFolder:
         """models/<variant>-<H>x<W>: where this spec's export goes without --output."""
-        variant = get_variant(self.variant)
-        return ModelFolder.default_for(self.variant, self.img_size or variant.img_size, self.dynamic_img_size)
+        return ModelFolder.default_for(self.variant, self.img_size or self.architecture().img_size,
+                                       self.dynamic_img_size)
 
     def differences(self, manifest: "Manifest") -> list[str]:
         """How an existing export differs from what this spec asks for; empty when it is that model."""
@@ -98,9 +107,11 @@ class ModelSpec:
 
 def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **kw: Any) -> ModelSpec:
     """A spec from what a user typed: `model` a variant or a timm tagged name (fetched from timm/<name> on the
-    hub), `checkpoint` a path or 'hf-hub:ORG/NAME[@REVISION]'. A hub config gives the variant (unless `model`
-    names one), the ViTConfig fields and the preprocessing; kw: the other ModelSpec fields."""
-    from .hub import describe, fetch, parse_ref, tagged_ref
+    hub), `checkpoint` a path or 'hf-hub:ORG/NAME[@REVISION]'. A checkpoint's config (a hub repository's, or a local
+    folder's config.json) gives the model unless `model` names one: a timm config its architecture, a transformers
+    config the sizes and options it describes. kw: the other ModelSpec fields (pos_embed_interp None: the
+    checkpoint's own code's, else vitexport's default)."""
+    from .hub import describe, fetch, local_config, parse_ref, tagged_ref
 
     ref = parse_ref(checkpoint)
     if model is not None and (tagged := tagged_ref(model)) is not None:
@@ -108,19 +119,43 @@ def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **
             raise VitexportError(f"{model} names pretrained weights already; drop -c/--checkpoint, or give the "
                                  f"untagged variant {model.partition('.')[0]} with it.")
         ref, checkpoint, model = tagged, str(tagged), model.partition(".")[0]
-    if ref is None:
+    if ref is not None:
+        hub, name = describe(fetch(ref)), ref.repo_id.split("/")[1]
+    elif checkpoint is not None and (local := local_config(Path(checkpoint))) is not None:
+        from .hub import describe_config
+
+        folder = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
+        hub, name = describe_config(local[0], local[1], str(folder)), folder.resolve().name
+    else:
+        kw["pos_embed_interp"] = kw.get("pos_embed_interp") or DEFAULT_INTERPOLATION
         return ModelSpec(variant=model or DEFAULT_VARIANT, checkpoint=checkpoint, **kw)
-    hub = describe(fetch(ref))
-    variant = model or hub.variant
+    return _described_spec(hub, model, checkpoint if ref is None else str(ref), name, kw)
+
+
+def _described_spec(hub: "HubModel", model: str | None, checkpoint: Path | str, name: str,
+                    kw: dict[str, Any]) -> ModelSpec:
+    kw["pos_embed_interp"] = kw.get("pos_embed_interp") or hub.pos_embed_interp or DEFAULT_INTERPOLATION
+    arch = None
+    if model is None and hub.kind == "transformers":  # any size: an architecture of its own, named after the files
+        pp = hub.preprocess
+        arch = Architecture(safe_name(name) or "transformers", "transformers", dict(hub.overrides), {
+            "transformers": Tag("transformers", pp.input_size, 0, pp.mean, pp.std, pp.crop_pct, pp.crop_mode,
+                                pp.interpolation)} if pp else {})
+    variant = model or (arch.name if arch else hub.variant)
     if variant is None:
-        raise VitexportError(f"{ref} holds {hub.architecture}, which is not one of the architectures vitexport "
-                             f"builds (timm's VisionTransformer family: `vitexport models` lists them); pass -m with "
-                             f"the architecture of the same shape.")
-    get_variant(variant)
-    if kw.get("img_size") is None and hub.preprocess is not None \
-            and hub.preprocess.input_size != get_variant(variant).img_size:
+        raise VitexportError(f"{checkpoint} holds {hub.architecture}, which is not one of the architectures "
+                             f"vitexport builds (timm's VisionTransformer family: `vitexport models` lists them); "
+                             f"pass -m with the architecture of the same shape.")
+    default_size = (arch or get_variant(variant)).img_size
+    if kw.get("img_size") is None and hub.preprocess is not None and hub.preprocess.input_size != default_size:
         kw["img_size"] = hub.preprocess.input_size  # the checkpoint's own size (timm's model_args img_size)
-    return ModelSpec(variant=variant, checkpoint=str(ref), preprocess=hub.preprocess, overrides=hub.overrides, **kw)
+    return ModelSpec(variant=variant, checkpoint=checkpoint, preprocess=hub.preprocess,
+                     overrides={} if arch else hub.overrides, arch=arch, notes=list(hub.notes), **kw)
+
+
+def safe_name(text: str) -> str:
+    """A name usable as a folder and a Triton model name: letters, digits, '.', '_' and '-'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip(".-")[:100]
 
 
 DEFAULT_OPSET = 18

@@ -6,7 +6,7 @@ DeiT and DeiT3, MAE, AugReg, the "sbb" sizes, ...). Parameter names match timm's
 is. The building blocks live in `layers/`; this file composes them:
 
     image -> PatchEmbed -> [class, distillation, register tokens] + position embedding -> norm_pre
-          -> blocks -> norm -> pool (token | avg | max | avgmax | map) -> fc_norm -> head
+          -> blocks -> norm -> pool (token | avg | max | avgmax | map | token_avg) -> fc_norm -> pre_logits -> head
 
 Shapes use B = batch, N = tokens, D = embed dim.
 """
@@ -26,6 +26,19 @@ from .layers.norm import act_factory, norm_factory
 from .layers.patch import PatchEmbed
 from .layers.pool import AttentionPoolLatent, global_pool_nlc
 from .posembed import interpolate_pos_embed
+
+
+class PreLogits(nn.Module):
+    """A Linear after pooling, with tanh or no activation: timm's former representation layer (same names, so its
+    old checkpoints load), transformers' ViT/DeiT pooler, CLIP's visual projection (no bias, no activation)."""
+
+    def __init__(self, in_features: int, out_features: int, act: str = "tanh", bias: bool = True):
+        super().__init__()
+        self.fc = nn.Linear(in_features, out_features, bias=bias)
+        self.act = nn.Tanh() if act == "tanh" else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
 
 
 class VisionTransformer(nn.Module):
@@ -71,7 +84,10 @@ class VisionTransformer(nn.Module):
                                              act_layer=parts.act_layer) if cfg.global_pool == "map" else None
         self.fc_norm = norm_layer(D) if cfg.final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
-        self.head = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.pre_logits = PreLogits(D * (2 if cfg.global_pool == "token_avg" else 1), cfg.pre_logits_size,
+                                    cfg.pre_logits_act, cfg.pre_logits_bias) if cfg.pre_logits_size else nn.Identity()
+        self.num_features = cfg.num_features
+        self.head = nn.Linear(cfg.num_features, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         if cfg.distilled:
             self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
 
@@ -157,7 +173,7 @@ class VisionTransformer(nn.Module):
             x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # (B, D) each
             return (x + x_dist) / 2 if pre_logits else (self.head(x) + self.head_dist(x_dist)) / 2
         x = self.fc_norm(self.pool(x))
-        x = self.head_drop(x)
+        x = self.pre_logits(self.head_drop(x))  # (B, num_features)
         return x if pre_logits else self.head(x)  # (B, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """From tokens to one vector per image: `global_pool` 'token' (the class token), 'avg', 'max', 'avgmax' (the
-mean of both) over the patch tokens (prefix tokens too with pool_include_prefix), '' (no pooling), and 'map'
+mean of both) over the patch tokens (prefix tokens too with pool_include_prefix), 'token_avg' (the class token and
+the patch tokens' mean, concatenated), '' (no pooling), and 'map'
 (multi-head attention pooling: a learned latent query attends to the tokens, then proj and a residual MLP; SigLIP's
 head, timm's AttentionPoolLatent)."""
 
@@ -14,11 +15,13 @@ from .attention import attend
 from .mlp import Mlp
 
 def global_pool_nlc(x: torch.Tensor, pool_type: str, num_prefix_tokens: int, include_prefix: bool) -> torch.Tensor:
-    """(B, N, D) -> (B, D) ((B, N, D) for '')."""
+    """(B, N, D) -> (B, D) ((B, 2D) for 'token_avg', (B, N, D) for '')."""
     if not pool_type:
         return x
     if pool_type == "token":
         return x[:, 0]  # the class token
+    if pool_type == "token_avg":  # the class token beside the mean of the patch tokens: (B, 2D)
+        return torch.cat([x[:, 0], x[:, num_prefix_tokens:].mean(dim=1)], dim=-1)
     x = x if include_prefix else x[:, num_prefix_tokens:]
     if pool_type == "avg":
         return x.mean(dim=1)

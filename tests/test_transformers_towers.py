@@ -1,0 +1,156 @@
+"""transformers' vision towers of sizes no table names, from `save_pretrained` folders (no -m): the export matches
+transformers' own model with the same weights on the output each family's users take, and the manifest's
+preprocessing does what the family's image processor does to a real photo.
+
+Every model is random (every tensor perturbed, so none is left at an initial value that would hide a wrong
+mapping), at a width, depth, MLP width and image size no architecture table has.
+"""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import ROOT, fails_cleanly
+from PIL import Image
+
+from vitexport.cli import cli
+from vitexport.data.images import preprocess_image
+from vitexport.data.preprocess import Preprocess
+
+transformers = pytest.importorskip("transformers")
+
+SIZES = dict(hidden_size=72, num_hidden_layers=2, num_attention_heads=3, image_size=40, patch_size=8)
+VIT = dict(SIZES, intermediate_size=200)
+DINO = dict(SIZES, mlp_ratio=3)
+PHOTO = ROOT / "calibration" / "photos" / "calib" / "chelsea.jpg"  # 451 x 300: the two sides resize differently
+
+# id: (config class, config kwargs, model class, output taken, processor class, processor kwargs)
+CASES = {
+    "vit-model": ("ViTConfig", VIT, "ViTModel", "pooler_output", "ViTImageProcessorPil",
+                  dict(size={"height": 40, "width": 40})),
+    "vit-classifier": ("ViTConfig", dict(VIT, num_labels=5), "ViTForImageClassification", "logits",
+                       "ViTImageProcessorPil", dict(size={"height": 40, "width": 40}, resample=3)),
+    "deit-model": ("DeiTConfig", VIT, "DeiTModel", "pooler_output", "DeiTImageProcessorPil",
+                   dict(size={"height": 48, "width": 48}, crop_size={"height": 40, "width": 40})),
+    "deit-classifier": ("DeiTConfig", dict(VIT, num_labels=5), "DeiTForImageClassification", "logits",
+                        "DeiTImageProcessorPil", dict(size={"height": 48, "width": 48},
+                                                      crop_size={"height": 40, "width": 40})),
+    "deit-teacher": ("DeiTConfig", dict(VIT, num_labels=5), "DeiTForImageClassificationWithTeacher", "logits",
+                     "DeiTImageProcessorPil", dict(size={"height": 48, "width": 48},
+                                                   crop_size={"height": 40, "width": 40})),
+    # a position embedding trained at 64 px, used at 40: transformers resamples it in every forward pass
+    "dinov2-model": ("Dinov2Config", dict(DINO, image_size=64), "Dinov2Model", "pooler_output",
+                     "BitImageProcessorPil", dict(size={"shortest_edge": 46}, crop_size={"height": 40, "width": 40},
+                                                  image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])),
+    "dinov2-classifier": ("Dinov2Config", dict(DINO, num_labels=4), "Dinov2ForImageClassification", "logits",
+                          "BitImageProcessorPil", dict(size={"shortest_edge": 40},
+                                                       crop_size={"height": 40, "width": 40})),
+    "dinov2-swiglu": ("Dinov2Config", dict(DINO, use_swiglu_ffn=True, layerscale_value=0.1), "Dinov2Model",
+                      "pooler_output", "BitImageProcessorPil", dict(size={"shortest_edge": 40},
+                                                                    crop_size={"height": 40, "width": 40})),
+    "dinov2-registers": ("Dinov2WithRegistersConfig", dict(DINO, image_size=64, num_register_tokens=3),
+                         "Dinov2WithRegistersModel", "pooler_output", "BitImageProcessorPil",
+                         dict(size={"shortest_edge": 46}, crop_size={"height": 40, "width": 40})),
+    "dinov2-registers-classifier": ("Dinov2WithRegistersConfig", dict(DINO, num_register_tokens=2, num_labels=4),
+                                    "Dinov2WithRegistersForImageClassification", "logits", "BitImageProcessorPil",
+                                    dict(size={"shortest_edge": 40}, crop_size={"height": 40, "width": 40})),
+    "clip-model": ("CLIPVisionConfig", VIT, "CLIPVisionModel", "pooler_output", "CLIPImageProcessorPil",
+                   dict(size={"shortest_edge": 40}, crop_size={"height": 40, "width": 40})),
+    "clip-projection": ("CLIPVisionConfig", dict(VIT, projection_dim=24), "CLIPVisionModelWithProjection",
+                        "image_embeds", "CLIPImageProcessorPil",
+                        dict(size={"shortest_edge": 40}, crop_size={"height": 40, "width": 40})),
+    "siglip": ("SiglipVisionConfig", VIT, "SiglipVisionModel", "pooler_output", "SiglipImageProcessorPil",
+               dict(size={"height": 40, "width": 40})),
+}
+
+
+def perturb(model, seed=0):
+    """Every tensor random (LayerNorm, LayerScale, tokens and position embedding included)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return model.eval()
+
+
+def save_tower(case, folder, seed=0):
+    """A perturbed transformers model and its image processor, saved with save_pretrained; returns both."""
+    cfg_cls, cfg_kw, model_cls, _, proc_cls, proc_kw = CASES[case]
+    torch.manual_seed(seed)
+    model = perturb(getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**cfg_kw)), seed)
+    processor = getattr(transformers, proc_cls)(**proc_kw)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return model, processor
+
+
+def run_onnx(path, x):
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def exported(request, tmp_path_factory):
+    """(case, transformers model, processor, export folder): `vitexport onnx -c FOLDER` with no -m."""
+    case = request.param
+    tmp = tmp_path_factory.mktemp(case)
+    model, processor = save_tower(case, tmp / "saved")
+    out = tmp / "export"
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp / "saved"), "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    return case, model, processor, out
+
+
+def test_the_export_gives_transformers_output(exported):
+    case, model, _, out = exported
+    manifest = json.loads((out / "manifest.json").read_text())
+    h, w = manifest["img_size"]
+    x = torch.randn(3, 3, h, w, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = getattr(model(pixel_values=x), CASES[case][3]).numpy()
+    got = run_onnx(out / "model.onnx", x.numpy())
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max())), case
+
+
+def test_the_manifest_preprocesses_as_the_processor_does(exported):
+    """The processor (its PIL implementation) and the manifest's preprocessing on the same photo."""
+    case, _, processor, out = exported
+    pp = Preprocess.from_dict(json.loads((out / "manifest.json").read_text())["preprocess"])
+    with Image.open(PHOTO) as img:
+        want = processor(images=img.convert("RGB"), return_tensors="np")["pixel_values"][0]
+        got = preprocess_image(img, pp)
+    assert got.shape == want.shape, case
+    assert np.abs(got - want).max() < 1e-4, case
+
+
+def test_names_come_from_id2label(tmp_path):
+    model_cls, labels = "ViTForImageClassification", {i: f"kind {i}" for i in range(5)}
+    cfg = transformers.ViTConfig(**VIT, num_labels=5, id2label=labels, label2id={v: k for k, v in labels.items()})
+    perturb(getattr(transformers, model_cls)(cfg)).save_pretrained(tmp_path / "saved")
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "saved"), "-o", str(tmp_path / "out"), "-q"])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["labels"]["names"] == [f"kind {i}" for i in range(5)]
+
+
+def test_a_folder_without_a_processor_says_which_preprocessing_it_assumed(tmp_path):
+    model = perturb(transformers.Dinov2Model(transformers.Dinov2Config(**DINO)))
+    model.save_pretrained(tmp_path / "saved")
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "saved"), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert "no preprocessor_config.json" in r.output and "DINOv2" in r.output
+    pp = json.loads((tmp_path / "out" / "manifest.json").read_text())["preprocess"]
+    assert pp["input_size"] == [40, 40] and pp["mean"] == pytest.approx([0.485, 0.456, 0.406])
+
+
+def test_another_model_type_is_one_sentence(tmp_path):
+    cfg = transformers.BeitConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                  image_size=32, patch_size=8)
+    transformers.BeitModel(cfg).save_pretrained(tmp_path / "beit")
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "beit"), "-o", str(tmp_path / "out")])
+    fails_cleanly(r, "'beit'")
+    assert "vitexport builds" in r.output and not (tmp_path / "out").exists()

@@ -1,0 +1,105 @@
+"""Checkpoints a user actually has -> the reference ViT's (timm-named) state dict.
+
+The format is chosen from what the file contains, never from its name; each is one small module with a pure
+`convert(raw tensors) -> state dict` (as timm's `checkpoint_filter_fn`s are) and, for transformers' models, the
+ViTConfig fields its tensors decide (`fields`: a pooler, a projection, registers, a distillation head):
+
+- `timm`: timm state dicts (`.pth`/`.pt`/`.bin` read with `weights_only`, or `.safetensors`);
+- `jax`: the original JAX `.npz` files of google-research/vision_transformer;
+- `hf_vit`: transformers' ViT and DeiT; `hf_dinov2`: DINOv2, with and without registers; `hf_clip`: the CLIP and
+  SigLIP vision towers.
+
+`reading` finds and reads the raw tensors; `adapt` fits them to a model. The sizes and options of a transformers
+model come from its config.json (`model.hf_configs`), not from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ...artifacts.manifest import CheckpointRecord
+from ...errors import VitexportError
+from ...paths import sha256_file
+from ..hub import origin
+from ..labels import checkpoint_labels
+from . import hf_dinov2, hf_vit, jax, timm
+from .adapt import adapt_state_dict, describe_checkpoint, load_into
+from .common import StateDict
+from .hf_clip import CLIP, SIGLIP
+from .reading import WEIGHT_FILES, read_raw, resolve_weights
+
+# tried in this order: the first whose `matches` holds converts the file (timm last: the others' names are unlike it)
+FORMATS: tuple[Any, ...] = (jax, CLIP, SIGLIP, hf_dinov2, hf_vit, timm)
+
+
+@dataclass
+class Checkpoint:
+    state_dict: StateDict  # timm parameter names
+    format: str  # a FORMATS module's NAME: 'timm' | 'jax' | 'hf-vit' | 'hf-dinov2' | 'hf-clip' | 'hf-siglip'
+    path: Path  # the weights file that was read
+    sha256: str
+    hints: dict = field(default_factory=dict)  # config facts the file carries (norm_eps, grid, labels, ...)
+    fields: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields its tensors decide (transformers)
+
+    @property
+    def num_classes(self) -> int:
+        head = self.state_dict.get("head.weight")
+        return int(head.shape[0]) if head is not None else 0
+
+    def record(self) -> CheckpointRecord:
+        """What the manifest keeps: the file, its bytes, and the hub repository and commit it came from."""
+        hub = origin(self.path)
+        if hub is None:
+            return CheckpointRecord(str(self.path.resolve()), self.sha256, self.format)
+        # inside the Hugging Face cache: the snapshot path (its config.json beside it), not the blob it links to
+        return CheckpointRecord(str(self.path.absolute()), self.sha256, self.format, repo=hub[0], revision=hub[1])
+
+
+def detect_format(raw: dict) -> ModuleType | Any:
+    """The format module whose names the checkpoint holds."""
+    keys = set(raw)
+    for fmt in FORMATS:
+        if fmt.matches(keys):
+            return fmt
+    raise VitexportError("The checkpoint's tensor names match no known ViT format (timm, JAX .npz, or transformers' "
+                         "ViT, DeiT, DINOv2, CLIP or SigLIP).")
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint file or directory into timm names, with the config facts it carries."""
+    weights, config = resolve_weights(Path(path))
+    raw = read_raw(weights)
+    fmt = detect_format(raw)
+    try:
+        sd = fmt.convert(raw)
+    except KeyError as e:
+        raise VitexportError(f"Checkpoint {weights} ({fmt.NAME} format) lacks tensor {e.args[0]!r}.") from None
+    fields_ = fmt.fields(sd) if hasattr(fmt, "fields") else {}
+    hints: dict = {}
+    if fmt.NAME.startswith("hf-"):
+        hints.update(_transformers_hints(config))
+    if names := checkpoint_labels(config):
+        hints["labels"] = names  # class names, in head order
+    return Checkpoint(sd, fmt.NAME, weights, sha256_file(weights), hints, fields_)
+
+
+def _transformers_hints(config: dict) -> dict:
+    """The facts a weights file's config.json adds when the model is named with -m: LayerNorm eps, qkv bias and
+    the grid the position embedding was trained at (a SigLIP or CLIP config nests them under vision_config)."""
+    cfg = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else config
+    hints: dict = {}
+    if isinstance(cfg.get("layer_norm_eps"), (int, float)):
+        hints["norm_eps"] = float(cfg["layer_norm_eps"])
+    if isinstance(cfg.get("qkv_bias"), bool):
+        hints["qkv_bias"] = cfg["qkv_bias"]
+    img, patch = cfg.get("image_size"), cfg.get("patch_size")
+    if isinstance(img, int) and isinstance(patch, int) and 0 < patch <= img:
+        hints["grid"] = (img // patch, img // patch)
+    return hints
+
+
+__all__ = ["FORMATS", "WEIGHT_FILES", "Checkpoint", "StateDict", "adapt_state_dict", "describe_checkpoint",
+           "detect_format", "load_checkpoint", "load_into", "read_raw", "resolve_weights"]

@@ -1,0 +1,92 @@
+"""Putting a converted checkpoint into a model: resize the position embedding to the model's grid, drop a head of
+another class count, and name every tensor that does not fit in one error."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import TYPE_CHECKING
+
+from ...errors import VitexportError
+from ..posembed import resample_pos_embed
+from ..vit import VisionTransformer
+from .common import StateDict
+
+if TYPE_CHECKING:
+    from . import Checkpoint
+
+
+def describe_checkpoint(sd: StateDict) -> str:
+    """A short description of the architecture a state dict holds, for error messages."""
+    w = sd.get("patch_embed.proj.weight")
+    depth = len({m.group(1) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))})
+    if w is None:
+        return f"depth {depth}"
+    return f"width {w.shape[0]}, depth {depth}, patch {w.shape[-1]}"
+
+
+def adapt_state_dict(
+    sd: StateDict,
+    model: VisionTransformer,
+    pos_embed_interp: str,
+    old_grid: tuple[int, int] | None = None,
+) -> tuple[StateDict, list[str]]:
+    """Fit a checkpoint to the model: resize the position embedding, drop a head of another class count.
+
+    Returns the adapted state dict and warnings. Raises one readable error listing every missing,
+    unexpected or mis-shaped tensor by name.
+    """
+    notes: list[str] = []
+    sd = dict(sd)
+    target = model.state_dict()
+    grid = model.pos_grid  # the model's own grid, or a dynamic-size model's stored one
+    if "pos_embed" in sd and sd["pos_embed"].shape != target["pos_embed"].shape or (
+            old_grid and tuple(old_grid) != grid and "pos_embed" in sd):
+        prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+        pe = sd["pos_embed"]
+        if pe.ndim == 2:
+            pe = pe.unsqueeze(0)
+        if pe.shape[-1] == target["pos_embed"].shape[-1]:
+            sd["pos_embed"] = resample_pos_embed(pe, grid, prefix, old_grid, pos_embed_interp)
+            notes.append(f"Resized the position embedding to a {grid[0]}x{grid[1]} grid ({pos_embed_interp}).")
+    head_w = sd.get("head.weight")
+    if head_w is not None and "head.weight" not in target:
+        notes.append("num_classes is 0: dropped the checkpoint's head; the model outputs features.")
+        _drop_heads(sd)
+    elif head_w is not None and head_w.shape != target["head.weight"].shape \
+            and head_w.shape[1:] == target["head.weight"].shape[1:]:
+        notes.append(f"The checkpoint's head has {head_w.shape[0]} classes, the model {target['head.weight'].shape[0]}:"
+                     " dropped the checkpoint's head; the new head is untrained.")
+        _drop_heads(sd)
+    elif head_w is None and "head.weight" in target:
+        notes.append("The checkpoint has no classification head: the head is untrained.")
+
+    missing = [k for k in target if k not in sd and not k.startswith(("head.", "head_dist."))]
+    unexpected = [k for k in sd if k not in target]
+    mis_shaped = [f"{k} {tuple(sd[k].shape)} vs model {tuple(target[k].shape)}"
+                  for k in sd if k in target and sd[k].shape != target[k].shape]
+    if missing or unexpected or mis_shaped:
+        parts = []
+        for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mis_shaped)):
+            if names:
+                shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+                parts.append(f"{len(names)} {label} ({shown})")
+        raise VitexportError(
+            f"The checkpoint ({describe_checkpoint(sd)}) does not fit the model "
+            f"({describe_checkpoint(target)}): " + "; ".join(parts) + ".")
+    return sd, notes
+
+
+def _drop_heads(sd: StateDict) -> None:
+    """The classifier and, for a distilled DeiT, the distillation head."""
+    for k in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):
+        sd.pop(k, None)
+
+
+def load_into(model: VisionTransformer, ckpt: "Checkpoint", pos_embed_interp: str) -> list[str]:
+    """Load a checkpoint into a model in place; returns warnings for the user."""
+    sd, notes = adapt_state_dict(ckpt.state_dict, model, pos_embed_interp, ckpt.hints.get("grid"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.load_state_dict(sd, strict=False)
+    return notes

@@ -1,0 +1,64 @@
+"""What the format modules share: the state-dict type, splitting a transformers checkpoint into its base model and
+the heads around it, and fusing transformers' separate q, k, v projections into timm's one qkv."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ...errors import VitexportError
+
+StateDict = dict[str, torch.Tensor]
+
+
+def split_base(raw: dict, anchor: str) -> tuple[StateDict, StateDict]:
+    """(the base model's tensors with its prefix removed, every other tensor) of a transformers checkpoint. The
+    prefix is whatever precedes `anchor` (a name only the base model has): 'vit.' in ViTForImageClassification,
+    'vision_model.' in CLIP, '' in a bare ViTModel."""
+    hit = next((k for k in raw if k == anchor or k.endswith("." + anchor)), None)
+    if hit is None:
+        raise VitexportError(f"The checkpoint has no {anchor!r}: it is not the transformers model its names suggest.")
+    prefix = hit[: len(hit) - len(anchor)]
+    base = {k[len(prefix):]: torch.as_tensor(v) for k, v in raw.items() if k.startswith(prefix)}
+    rest = {k: torch.as_tensor(v) for k, v in raw.items() if not k.startswith(prefix)} if prefix else {}
+    return base, rest
+
+
+class QKV:
+    """Collects one block's query, key and value (weight and bias) and fuses them as timm's qkv: (3D, D), (3D,)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+
+    def add(self, block: int, which: str, kind: str, tensor: torch.Tensor) -> None:
+        """which: 'q' | 'k' | 'v'; kind: 'weight' | 'bias'."""
+        self.parts.setdefault((block, kind), {})[which] = tensor
+
+    def fused(self, name: str = "attn.qkv") -> StateDict:
+        out: StateDict = {}
+        for (i, kind), p in sorted(self.parts.items()):
+            if set(p) != {"q", "k", "v"}:
+                raise VitexportError(f"The checkpoint's block {i} lacks some of its query, key and value {kind}s.")
+            out[f"blocks.{i}.{name}.{kind}"] = torch.cat([p["q"], p["k"], p["v"]], dim=0)
+        return out
+
+
+def rename(sd: StateDict, table: list[tuple[str, str]], qkv: QKV | None = None,
+           qkv_pattern: str | None = None) -> StateDict:
+    """Rename by the first matching (regex, replacement) pair of `table`; names matching `qkv_pattern` (groups:
+    block, q|k|v, weight|bias) go to `qkv`; names no rule knows stay as they are (reported as unexpected later)."""
+    out: StateDict = {}
+    for k, v in sd.items():
+        if qkv is not None and qkv_pattern and (m := re.fullmatch(qkv_pattern, k)):
+            qkv.add(int(m.group(1)), m.group(2)[0], m.group(3), v)
+            continue
+        for pattern, repl in table:
+            if re.fullmatch(pattern, k):
+                new = re.sub(f"^{pattern}$", repl, k)
+                if new:
+                    out[new] = v
+                break
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,65 @@
+"""transformers' ViT and DeiT (`ViTModel`, `ViTForImageClassification`, `DeiTModel`, `DeiTForImageClassification`,
+`DeiTForImageClassificationWithTeacher`) -> timm names.
+
+The two share their layer names. What the tensors say about the structure:
+
+- `pooler.dense` (a Model saved with its pooling layer): timm's representation layer, Linear + tanh
+  (`pre_logits`), whose output is transformers' `pooler_output`;
+- DeiT's `distillation_token`: with `distillation_classifier` (WithTeacher) the distilled ViT, both heads averaged
+  as transformers does at inference; without it, a token that only takes part in attention, which is exactly a
+  register token placed after the class token with its own position (the position embedding covers it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import QKV, StateDict, rename, split_base
+
+NAME = "hf-vit"
+ANCHOR = "embeddings.patch_embeddings.projection.weight"
+_LAYER = r"(?:encoder\.layer|layers)\.(\d+)\."  # as saved (transformers 4 and 5), and transformers 5 in memory
+_QKV = _LAYER + r"attention\.(?:attention\.)?(query|key|value|q_proj|k_proj|v_proj)\.(weight|bias)"
+_TABLE = [
+    (r"embeddings\.cls_token", "cls_token"),
+    (r"embeddings\.position_embeddings", "pos_embed"),
+    (r"embeddings\.patch_embeddings\.projection\.(weight|bias)", r"patch_embed.proj.\1"),
+    (r"embeddings\.mask_token", ""),  # masked-image modelling only
+    (_LAYER + r"layernorm_before\.(weight|bias)", r"blocks.\1.norm1.\2"),
+    (_LAYER + r"layernorm_after\.(weight|bias)", r"blocks.\1.norm2.\2"),
+    (_LAYER + r"attention\.(?:output\.dense|o_proj)\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+    (_LAYER + r"(?:intermediate\.dense|mlp\.fc1)\.(weight|bias)", r"blocks.\1.mlp.fc1.\2"),
+    (_LAYER + r"(?:output\.dense|mlp\.fc2)\.(weight|bias)", r"blocks.\1.mlp.fc2.\2"),
+    (r"layernorm\.(weight|bias)", r"norm.\1"),
+    (r"pooler\.dense\.(weight|bias)", r"pre_logits.fc.\1"),
+]
+_HEADS = {"classifier": "head", "cls_classifier": "head", "distillation_classifier": "head_dist"}
+
+
+def matches(keys: set[str]) -> bool:
+    return any(k.endswith(ANCHOR) for k in keys) and any("layernorm_before" in k for k in keys)
+
+
+def convert(raw: dict) -> StateDict:
+    base, rest = split_base(raw, ANCHOR)
+    qkv = QKV()
+    out = rename(base, _TABLE, qkv, _QKV)
+    out.update(qkv.fused())
+    for k, v in rest.items():
+        head, _, kind = k.rpartition(".")
+        out[f"{_HEADS[head]}.{kind}" if head in _HEADS else k] = v
+    if "embeddings.distillation_token" in out:
+        token = out.pop("embeddings.distillation_token")
+        out["dist_token" if "head_dist.weight" in out else "reg_token"] = token
+    return out
+
+
+def fields(sd: StateDict) -> dict[str, Any]:
+    """ViTConfig fields the converted tensors decide."""
+    f: dict[str, Any] = {"distilled": "dist_token" in sd, "reg_tokens": int(sd["reg_token"].shape[1])
+                         if "reg_token" in sd else 0, "no_embed_class": False, "class_token": True,
+                         "global_pool": "token", "pre_logits_size": 0}
+    if "pre_logits.fc.weight" in sd:
+        f.update(pre_logits_size=int(sd["pre_logits.fc.weight"].shape[0]), pre_logits_act="tanh",
+                 pre_logits_bias="pre_logits.fc.bias" in sd)
+    return f
