@@ -81,3 +81,18 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def quick_bench(folder: Path, tmp_path: Path) -> dict:
+    """`vitexport bench FOLDER` with one timed iteration: {row name: JSON record} of the rows that ran."""
+    import json
+
+    from click.testing import CliRunner
+
+    from vitexport.cli import cli
+
+    report = tmp_path / "bench.json"
+    r = CliRunner().invoke(cli, ["bench", str(folder), "--iterations", "1", "--min-time", "0", "--warmup", "0",
+                                 "--json", str(report), "-q"])
+    assert r.exit_code == 0, r.output
+    return {row["name"]: row for row in json.loads(report.read_text())["results"] if row["available"]}

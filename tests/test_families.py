@@ -15,7 +15,7 @@ import pytest
 import timm
 import torch
 from click.testing import CliRunner
-from conftest import load_script
+from conftest import load_script, quick_bench
 
 from vitexport.cli import cli
 
@@ -76,14 +76,9 @@ def test_every_precision_is_made_checked_and_valid(family):
 
 def test_the_bench_runs_every_cpu_row(family, tmp_path):
     _, _, folder = family
-    report = tmp_path / "r.json"
-    r = CliRunner().invoke(cli, ["bench", str(folder), "--iterations", "1", "--min-time", "0", "--warmup", "0",
-                                 "--json", str(report), "-q"])
-    assert r.exit_code == 0, r.output
-    results = json.loads(report.read_text())["results"]
-    ran = {row["name"]: row for row in results if row["available"]}
+    ran = quick_bench(folder, tmp_path)
     assert {"pytorch cpu fp32", "onnxruntime cpu fp32", "onnxruntime cpu fp16", "onnxruntime cpu int8",
-            "openvino cpu fp32", "openvino cpu int8"} <= set(ran), results
+            "openvino cpu fp32", "openvino cpu int8"} <= set(ran), ran
     for name, row in ran.items():
         assert not row["parity"]["failures"], (name, row["parity"]["failures"])
 

@@ -13,9 +13,9 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, quick_bench
 from test_hub import add_repo
-from test_transformers_towers import perturb, run_onnx, save_tower
+from test_transformers_towers import CASES, perturb, run_onnx, save_tower
 
 from vitexport.cli import cli
 
@@ -61,6 +61,23 @@ def test_the_hub_export_is_transformers_model(tower):
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c not in TOWERS])
+def test_every_class_through_an_offline_cache(case, tmp_path, monkeypatch):
+    """The classes the tower fixture does not take: the export of the repository equals transformers' model."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, _ = save_tower(case, tmp_path / "saved", seed=7)
+    publish(tmp_path / "cache", f"org/{case}", tmp_path / "saved")
+    r = CliRunner().invoke(cli, ["onnx", "-c", f"hf-hub:org/{case}", "-o", str(tmp_path / "out"), "-q"])
+    assert r.exit_code == 0, r.output
+    h, w = json.loads((tmp_path / "out" / "manifest.json").read_text())["img_size"]
+    x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = getattr(model(pixel_values=x), CASES[case][3]).numpy()
+    got = run_onnx(tmp_path / "out" / "model.onnx", x.numpy())
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max())), case
+
+
 def test_int8_for_every_target_and_fp16_pass_their_checks(tower):
     _, _, folder = tower
     for args in (["--int8", "--target", "all"], ["--fp16", "--target", "all"]):
@@ -78,18 +95,15 @@ def test_the_bench_and_triton_take_the_tower(tower, tmp_path):
     from tritonclient.grpc import model_config_pb2
 
     _, model, folder = tower
-    report = tmp_path / "r.json"
-    r = CliRunner().invoke(cli, ["bench", str(folder), "--iterations", "1", "--min-time", "0", "--warmup", "0",
-                                 "--json", str(report), "-q"])
-    assert r.exit_code == 0, r.output
-    ran = {row["name"]: row for row in json.loads(report.read_text())["results"] if row["available"]}
+    ran = quick_bench(folder, tmp_path)
     assert {"pytorch cpu fp32", "onnxruntime cpu fp32", "openvino cpu fp32"} <= set(ran)
     assert all(not row["parity"]["failures"] for row in ran.values()), ran
     r = CliRunner().invoke(cli, ["triton", str(folder), "-o", str(tmp_path / "repo"), "-q"])
     assert r.exit_code == 0, r.output
     (config,) = (tmp_path / "repo").glob("*/config.pbtxt")
     cfg = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
-    assert list(cfg.output[0].dims) == [model.config.hidden_size] and not cfg.output[0].label_filename  # an embedding, no labels
+    # an embedding: its width, no labels
+    assert list(cfg.output[0].dims) == [model.config.hidden_size] and not cfg.output[0].label_filename
 
 
 def test_predict_names_a_transformers_classifier_s_classes(tmp_path):

@@ -13,7 +13,8 @@ from .groups import QUIET, use
 def _describe(status) -> list[str]:
     """The lines of one folder: the model, how it was exported, each file present with its verified digest."""
     m = status.manifest
-    ck = "random weights" if m.checkpoint is None else f"{m.checkpoint.path} (sha256 {m.checkpoint.sha256[:12]})"
+    ck = "random weights" if m.checkpoint is None else \
+        f"{m.checkpoint.path} ({m.checkpoint.format}, sha256 {m.checkpoint.sha256[:12]})"
     parity = "" if m.parity is None else ", checked at batch " + ", ".join(
         f"{c.batch}{'' if c.img_size is None else f' at {c.img_size[0]}x{c.img_size[1]}'} "
         f"({'passed' if c.passed else 'FAILED'})" for c in m.parity.checks)

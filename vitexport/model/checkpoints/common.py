@@ -62,3 +62,34 @@ def rename(sd: StateDict, table: list[tuple[str, str]], qkv: QKV | None = None,
         else:
             out[k] = v
     return out
+
+
+# transformers' ViT-style encoders (ViT, DeiT, DINOv2): blocks as saved (transformers 4 and 5) and as transformers 5
+# names them in memory; their embeddings
+HF_LAYER = r"(?:encoder\.layer|layers)\.(\d+)\."
+HF_QKV = HF_LAYER + r"attention\.(?:attention\.)?(query|key|value|q_proj|k_proj|v_proj)\.(weight|bias)"
+HF_EMBEDDINGS = [
+    (r"embeddings\.cls_token", "cls_token"),
+    (r"embeddings\.position_embeddings", "pos_embed"),
+    (r"embeddings\.patch_embeddings\.projection\.(weight|bias)", r"patch_embed.proj.\1"),
+    (r"embeddings\.mask_token", ""),  # masked-image modelling only
+    (HF_LAYER + r"attention\.(?:output\.dense|o_proj)\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
+    (r"layernorm\.(weight|bias)", r"norm.\1"),
+]
+
+
+def convert_encoder(raw: dict, anchor: str, table: list[tuple[str, str]], qkv_pattern: str,
+                    heads: dict[str, str], drop: tuple[str, ...] = ()) -> StateDict:
+    """The base model renamed by `table` with its q/k/v fused, and the tensors around it: modules named in `heads`
+    renamed (classifier -> head), names starting with `drop` left out, any other kept (reported as unexpected)."""
+    base, rest = split_base(raw, anchor)
+    qkv = QKV()
+    out = rename(base, table, qkv, qkv_pattern)
+    out.update(qkv.fused())
+    for k, v in rest.items():
+        module, _, kind = k.rpartition(".")
+        if module in heads:
+            out[f"{heads[module]}.{kind}"] = v
+        elif not (drop and k.startswith(drop)):
+            out[k] = v
+    return out

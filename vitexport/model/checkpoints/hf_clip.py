@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import QKV, StateDict, rename, split_base
+from .common import StateDict, convert_encoder
 
 _LAYER = r"encoder\.layers\.(\d+)\."
 _QKV = _LAYER + r"self_attn\.(q_proj|k_proj|v_proj)\.(weight|bias)"
@@ -46,10 +46,7 @@ class _Tower:
         return any(k.endswith(self.ANCHOR) for k in keys) and has_cls == self._cls
 
     def convert(self, raw: dict) -> StateDict:
-        base, rest = split_base(raw, self.ANCHOR)
-        qkv = QKV()
-        out = rename(base, _ENCODER, qkv, _QKV)
-        out.update(qkv.fused())
+        out = convert_encoder(raw, self.ANCHOR, _ENCODER, _QKV, {"visual_projection": "pre_logits.fc"}, _OTHER_TOWER)
         if "embeddings.class_embedding" in out:
             out["cls_token"] = out.pop("embeddings.class_embedding").reshape(1, 1, -1)  # (D,) -> (1, 1, D)
         if "embeddings.position_embedding.weight" in out:
@@ -59,11 +56,6 @@ class _Tower:
                 w = out.pop(f"head.attention.in_proj_{kind}")  # (3D, ...): q, k, v
                 d = w.shape[0] // 3
                 out[f"attn_pool.q.{kind}"], out[f"attn_pool.kv.{kind}"] = w[:d], w[d:]
-        for k, v in rest.items():
-            if k == "visual_projection.weight":
-                out["pre_logits.fc.weight"] = v
-            elif not k.startswith(_OTHER_TOWER):
-                out[k] = v
         return out
 
     def fields(self, sd: StateDict) -> dict[str, Any]:

@@ -13,25 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import QKV, StateDict, rename, split_base
+from .common import HF_EMBEDDINGS, HF_LAYER, HF_QKV, StateDict, convert_encoder
 
 NAME = "hf-dinov2"
 ANCHOR = "embeddings.patch_embeddings.projection.weight"
-_LAYER = r"(?:encoder\.layer|layers)\.(\d+)\."
-_QKV = _LAYER + r"attention\.(?:attention\.)?(query|key|value|q_proj|k_proj|v_proj)\.(weight|bias)"
-_TABLE = [
-    (r"embeddings\.cls_token", "cls_token"),
+_TABLE = HF_EMBEDDINGS + [
     (r"embeddings\.register_tokens", "reg_token"),
-    (r"embeddings\.position_embeddings", "pos_embed"),
-    (r"embeddings\.patch_embeddings\.projection\.(weight|bias)", r"patch_embed.proj.\1"),
-    (r"embeddings\.mask_token", ""),  # masked-image modelling only
-    (_LAYER + r"norm([12])\.(weight|bias)", r"blocks.\1.norm\2.\3"),
-    (_LAYER + r"attention\.(?:output\.dense|o_proj)\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
-    (_LAYER + r"layer_scale([12])\.lambda1", r"blocks.\1.ls\2.gamma"),
-    (_LAYER + r"mlp\.(fc[12])\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
-    (_LAYER + r"mlp\.weights_in\.(weight|bias)", r"blocks.\1.mlp.fc1.\2"),
-    (_LAYER + r"mlp\.weights_out\.(weight|bias)", r"blocks.\1.mlp.fc2.\2"),
-    (r"layernorm\.(weight|bias)", r"norm.\1"),
+    (HF_LAYER + r"norm([12])\.(weight|bias)", r"blocks.\1.norm\2.\3"),
+    (HF_LAYER + r"layer_scale([12])\.lambda1", r"blocks.\1.ls\2.gamma"),
+    (HF_LAYER + r"mlp\.(fc[12])\.(weight|bias)", r"blocks.\1.mlp.\2.\3"),
+    (HF_LAYER + r"mlp\.weights_in\.(weight|bias)", r"blocks.\1.mlp.fc1.\2"),
+    (HF_LAYER + r"mlp\.weights_out\.(weight|bias)", r"blocks.\1.mlp.fc2.\2"),
 ]
 
 
@@ -40,13 +32,7 @@ def matches(keys: set[str]) -> bool:
 
 
 def convert(raw: dict) -> StateDict:
-    base, rest = split_base(raw, ANCHOR)
-    qkv = QKV()
-    out = rename(base, _TABLE, qkv, _QKV)
-    out.update(qkv.fused())
-    for k, v in rest.items():
-        head, _, kind = k.rpartition(".")
-        out[f"head.{kind}" if head == "classifier" else k] = v
+    out = convert_encoder(raw, ANCHOR, _TABLE, HF_QKV, {"classifier": "head"})
     if "reg_token" in out and "pos_embed" in out and "cls_token" in out:
         pos = out["pos_embed"]  # (1, 1 + N, D): the class token's position, then the patches'
         out["cls_token"] = out["cls_token"] + pos[:, :1]

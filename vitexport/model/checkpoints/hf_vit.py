@@ -14,23 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import QKV, StateDict, rename, split_base
+from .common import HF_EMBEDDINGS, HF_LAYER, HF_QKV, StateDict, convert_encoder
 
 NAME = "hf-vit"
 ANCHOR = "embeddings.patch_embeddings.projection.weight"
-_LAYER = r"(?:encoder\.layer|layers)\.(\d+)\."  # as saved (transformers 4 and 5), and transformers 5 in memory
-_QKV = _LAYER + r"attention\.(?:attention\.)?(query|key|value|q_proj|k_proj|v_proj)\.(weight|bias)"
-_TABLE = [
-    (r"embeddings\.cls_token", "cls_token"),
-    (r"embeddings\.position_embeddings", "pos_embed"),
-    (r"embeddings\.patch_embeddings\.projection\.(weight|bias)", r"patch_embed.proj.\1"),
-    (r"embeddings\.mask_token", ""),  # masked-image modelling only
-    (_LAYER + r"layernorm_before\.(weight|bias)", r"blocks.\1.norm1.\2"),
-    (_LAYER + r"layernorm_after\.(weight|bias)", r"blocks.\1.norm2.\2"),
-    (_LAYER + r"attention\.(?:output\.dense|o_proj)\.(weight|bias)", r"blocks.\1.attn.proj.\2"),
-    (_LAYER + r"(?:intermediate\.dense|mlp\.fc1)\.(weight|bias)", r"blocks.\1.mlp.fc1.\2"),
-    (_LAYER + r"(?:output\.dense|mlp\.fc2)\.(weight|bias)", r"blocks.\1.mlp.fc2.\2"),
-    (r"layernorm\.(weight|bias)", r"norm.\1"),
+_TABLE = HF_EMBEDDINGS + [
+    (HF_LAYER + r"layernorm_before\.(weight|bias)", r"blocks.\1.norm1.\2"),
+    (HF_LAYER + r"layernorm_after\.(weight|bias)", r"blocks.\1.norm2.\2"),
+    (HF_LAYER + r"(?:intermediate\.dense|mlp\.fc1)\.(weight|bias)", r"blocks.\1.mlp.fc1.\2"),
+    (HF_LAYER + r"(?:output\.dense|mlp\.fc2)\.(weight|bias)", r"blocks.\1.mlp.fc2.\2"),
     (r"pooler\.dense\.(weight|bias)", r"pre_logits.fc.\1"),
 ]
 _HEADS = {"classifier": "head", "cls_classifier": "head", "distillation_classifier": "head_dist"}
@@ -41,13 +33,7 @@ def matches(keys: set[str]) -> bool:
 
 
 def convert(raw: dict) -> StateDict:
-    base, rest = split_base(raw, ANCHOR)
-    qkv = QKV()
-    out = rename(base, _TABLE, qkv, _QKV)
-    out.update(qkv.fused())
-    for k, v in rest.items():
-        head, _, kind = k.rpartition(".")
-        out[f"{_HEADS[head]}.{kind}" if head in _HEADS else k] = v
+    out = convert_encoder(raw, ANCHOR, _TABLE, HF_QKV, _HEADS)
     if "embeddings.distillation_token" in out:
         token = out.pop("embeddings.distillation_token")
         out["dist_token" if "head_dist.weight" in out else "reg_token"] = token
