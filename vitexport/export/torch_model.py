@@ -49,6 +49,7 @@ def build(spec: ModelSpec) -> BuiltModel:
     notes = list(spec.notes)
     if ckpt is not None:
         notes += load_into(model, ckpt, spec.pos_embed_interp)
+        ckpt.release()
     else:
         notes.append(f"No checkpoint: deterministic random weights (seed {spec.seed}). Latency is real, "
                      "accuracy is meaningless.")

@@ -43,11 +43,15 @@ class Checkpoint:
     sha256: str
     hints: dict = field(default_factory=dict)  # config facts the file carries (norm_eps, grid, labels, ...)
     fields: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields its tensors decide (transformers)
+    num_classes: int = field(init=False, default=0)  # the head's classes (0: none), kept when tensors are released
 
-    @property
-    def num_classes(self) -> int:
+    def __post_init__(self) -> None:
         head = self.state_dict.get("head.weight")
-        return int(head.shape[0]) if head is not None else 0
+        self.num_classes = int(head.shape[0]) if head is not None else 0
+
+    def release(self) -> None:
+        """Drop the tensors once they are in a model: an export then holds one copy of the weights, not two."""
+        self.state_dict = {}
 
     def record(self) -> CheckpointRecord:
         """What the manifest keeps: the file, its bytes, and the hub repository and commit it came from."""

@@ -1,0 +1,162 @@
+"""transformers' towers at their published sizes: each built by transformers from the config (and image processor
+settings) its hub repository holds, with random weights moved off their init, saved with save_pretrained, exported
+by `vitexport onnx -c FOLDER` (no -m) in a process of its own under /usr/bin/time -v, and the written ONNX file run
+by ONNX Runtime against transformers' own output on two random images; the manifest's preprocessing against the
+image processor (its PIL implementation) on a photo. timm's ViT-B/16 by name is the memory baseline.
+
+    python scripts/hf_towers_check.py [--out docs/TRANSFORMERS.md] [--only dinov2-base]
+
+Writes the Markdown table (the file is generated: do not edit it by hand). No network: the configs are written
+here as the repositories hold them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTO = ROOT / "calibration" / "photos" / "calib" / "chelsea.jpg"
+IMAGENET = dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+CLIP = dict(image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711])
+DINO_PP = dict(size={"shortest_edge": 256}, crop_size={"height": 224, "width": 224}, do_center_crop=True,
+               resample=3, **IMAGENET)
+# repository: (config class, config kwargs, model class, output, processor class, processor kwargs)
+MODELS = {
+    "google/vit-base-patch16-224": (
+        "ViTConfig", dict(num_labels=1000), "ViTForImageClassification", "logits", "ViTImageProcessorPil",
+        dict(size=224, resample=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)),
+    "facebook/deit-base-distilled-patch16-224": (
+        "DeiTConfig", dict(num_labels=1000), "DeiTForImageClassificationWithTeacher", "logits",
+        "DeiTImageProcessorPil", dict(size=256, crop_size=224, do_center_crop=True, resample=3, **IMAGENET)),
+    "facebook/dinov2-base": ("Dinov2Config", dict(image_size=518, patch_size=14), "Dinov2Model", "pooler_output",
+                             "BitImageProcessorPil", DINO_PP),
+    "facebook/dinov2-with-registers-base": (
+        "Dinov2WithRegistersConfig", dict(image_size=518, patch_size=14, num_register_tokens=4),
+        "Dinov2WithRegistersModel", "pooler_output", "BitImageProcessorPil", DINO_PP),
+    "openai/clip-vit-base-patch16": (
+        "CLIPConfig", dict(vision_config=dict(patch_size=16), projection_dim=512), "CLIPModel", "image_features",
+        "CLIPImageProcessorPil", dict(size=224, crop_size=224, do_center_crop=True, resample=3, **CLIP)),
+    "google/siglip-base-patch16-224": (
+        "SiglipConfig", dict(), "SiglipModel", "image_features", "SiglipImageProcessorPil",
+        dict(size={"height": 224, "width": 224}, resample=3, image_mean=[0.5] * 3, image_std=[0.5] * 3)),
+}
+
+
+def timed(cmd: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS MB, output) of a command under /usr/bin/time -v."""
+    t0 = time.perf_counter()
+    p = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr}")
+    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr).group(1)) / 1024
+    return wall, rss, p.stdout + p.stderr
+
+
+def output_of(model, output: str, x: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        if output == "image_features":  # a whole two-tower model: its image features
+            return model.get_image_features(pixel_values=x).pooler_output.numpy()
+        return getattr(model(pixel_values=x), output).numpy()
+
+
+def check(repo: str, tmp: Path) -> dict:
+    import onnxruntime as ort
+    import transformers
+    from PIL import Image
+
+    from vitexport.data.images import preprocess_image
+    from vitexport.data.preprocess import Preprocess
+
+    cfg_cls, cfg_kw, model_cls, output, proc_cls, proc_kw = MODELS[repo]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**cfg_kw)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    processor = getattr(transformers, proc_cls)(**proc_kw)
+    saved, out = tmp / repo.split("/")[1], tmp / "export"
+    model.save_pretrained(saved)
+    processor.save_pretrained(saved)
+    wall, rss, _ = timed([sys.executable, "-m", "vitexport", "onnx", "-c", str(saved), "-o", str(out), "-q"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    h, w = manifest["img_size"]
+    x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))
+    want = output_of(model, output, x)
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    with Image.open(PHOTO) as img:
+        ref_px = processor(images=img.convert("RGB"), return_tensors="np")["pixel_values"][0]
+        our_px = preprocess_image(img, Preprocess.from_dict(manifest["preprocess"]))
+    return {"repo": repo, "class": model_cls, "output": output, "size": f"{h}x{w}",
+            "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+            "rel_err": float(np.abs(got - want).max() / max(1.0, np.abs(want).max())),
+            "pixels": float(np.abs(our_px - ref_px).max()) if our_px.shape == ref_px.shape else float("inf"),
+            "wall_s": wall, "rss_mb": rss}
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def write(rows: list[dict], baseline: tuple[float, float], path: Path) -> None:
+    import os
+
+    import transformers
+
+    lines = ["# transformers' vision towers at their published sizes", "",
+             "Made by `scripts/hf_towers_check.py` (do not edit by hand). Each model was built by transformers from "
+             "the config its hub repository holds (random weights moved off their init), saved with `save_pretrained` "
+             "with its image processor, and exported by `vitexport onnx -c FOLDER` (no `-m`) in a process of its "
+             "own; the written ONNX file was run by ONNX Runtime (CPU) against transformers' output on two random "
+             "images. *rel. error* is max abs / max(1, |output|) (the tests' bound is 1e-4); *pixels* is the largest "
+             "difference between the manifest's preprocessing and the image processor's PIL implementation on a "
+             "451x300 photo, in normalised units.", "",
+             f"transformers {transformers.__version__}, torch {torch.__version__}; {cpu_name()}, "
+             f"{os.cpu_count()} cores. Memory baseline: `vitexport onnx -m vit_base_patch16_224` (timm's ViT-B/16 by "
+             f"name, random weights) took {baseline[0]:.0f} s at a peak RSS of {baseline[1]:,.0f} MB.", "",
+             "| repository (its config) | class | output | input | params (M) | rel. error | pixels | export s | "
+             "peak RSS MB |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['repo']} | {r['class']} | {r['output']} | {r['size']} | {r['params_m']:.1f} | "
+                     f"{r['rel_err']:.1e} | {r['pixels']:.1e} | {r['wall_s']:.0f} | {r['rss_mb']:,.0f} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "TRANSFORMERS.md")
+    ap.add_argument("--only", action="append", help="a repository name (or its last part); repeatable")
+    args = ap.parse_args()
+    repos = [r for r in MODELS if not args.only or r in args.only or r.split("/")[1] in args.only]
+    with tempfile.TemporaryDirectory() as tmp:
+        wall, rss, _ = timed([sys.executable, "-m", "vitexport", "onnx", "-m", "vit_base_patch16_224", "-o",
+                              str(Path(tmp) / "timm"), "-q"])
+        rows = []
+        for repo in repos:
+            with tempfile.TemporaryDirectory(dir=tmp) as one:
+                rows.append(check(repo, Path(one)))
+                print(json.dumps(rows[-1]), flush=True)
+    write(rows, (wall, rss), args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
