@@ -1,9 +1,6 @@
-"""The manifest: a JSON file beside every exported model saying exactly what it is and how it was made.
-
-`Manifest` is the typed form; `read_manifest` / `write_manifest` move it to and from `manifest.json`
-(atomically). The format is versioned: this version reads `vitexport-manifest/1` and says so, in one
-sentence, for anything else.
-"""
+"""The manifest: a JSON file beside every exported model saying exactly what it is and how it was made. `Manifest`
+is the typed form; `read_manifest` / `write_manifest` move it to and from `manifest.json` (atomically). The format
+is versioned: this version reads `vitexport-manifest/1` and says so, in one sentence, for anything else."""
 
 from __future__ import annotations
 
@@ -221,8 +218,8 @@ class IrRecord:
                    f.req("openvino", str))
 
 
-_PRECISION_FIELDS = {"file", "source_sha256", "sha256", "keep_fp32", "calibration", "qdq", "check", "openvino",
-                     "size_check"}
+_PRECISION_FIELDS = {"file", "source_sha256", "sha256", "keep_fp32", "fp32_nodes", "calibration", "qdq", "check",
+                     "openvino", "size_check"}
 
 
 @dataclass
@@ -239,11 +236,13 @@ class PrecisionRecord:
     extra: dict[str, Any] = field(default_factory=dict)  # fields of a newer minor version, kept
     openvino: IrRecord | None = None  # an OpenVINO IR: its .bin and its source ONNX
     size_check: HeldOutCheck | None = None  # a dynamic-size export: the same check at a second image size
+    fp32_nodes: list[dict] | None = None  # FP16 parts: nodes kept in FP32 and why (precision.ranges.Kept)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"file": self.file, "source_sha256": self.source_sha256}
-        if self.keep_fp32 is not None:
-            d["keep_fp32"] = list(self.keep_fp32)
+        for key, value in (("keep_fp32", self.keep_fp32), ("fp32_nodes", self.fp32_nodes)):
+            if value is not None:
+                d[key] = list(value)
         for key, part in (("calibration", self.calibration), ("check", self.check), ("openvino", self.openvino),
                           ("size_check", self.size_check)):
             if part is not None:
@@ -260,7 +259,8 @@ class PrecisionRecord:
                    f.opt("keep_fp32", list), CalibrationRecord.from_fields(cal) if cal else None,
                    f.opt("qdq", dict), HeldOutCheck.from_fields(check) if check else None,
                    f.rest(_PRECISION_FIELDS), openvino=IrRecord.from_fields(ov) if ov else None,
-                   size_check=HeldOutCheck.from_fields(size) if size else None)
+                   size_check=HeldOutCheck.from_fields(size) if size else None,
+                   fp32_nodes=f.opt("fp32_nodes", list))
 
 
 # -- the manifest -------------------------------------------------------------------------------------------

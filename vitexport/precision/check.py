@@ -1,5 +1,7 @@
 """The held-out check of a converted graph: the FP32 ONNX and the candidate run over the same held-out inputs on ONNX
-Runtime's CPU provider, one model in memory at a time, judged with the precision's bounds (parity.compare)."""
+Runtime's CPU provider, one model in memory at a time, judged with the precision's bounds (parity.compare). A graph
+that stores tensors in FP16 is also run with every tensor stored in its own type (ranges.first_non_finite): ONNX
+Runtime's CPU provider computes chains of FP16 ops in FP32 and would hide an overflow TensorRT would hit."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from ..data.stream import OutputStore
 from ..parity.compare import ParityVerdict, Thresholds, describe, judge
 from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, evaluate
+from .ranges import first_non_finite, stores_fp16
+
+OVERFLOW_SCAN = 256  # held-out inputs run with every tensor stored as the graph says
 
 
 def fp32_reference(fp32: Path, held: ValidationSet, manifest: Manifest, where: Path, log: Log = QUIET) -> OutputStore:
@@ -41,6 +46,12 @@ def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precisi
         if reference is None:
             store.path.unlink(missing_ok=True)
     verdict = judge(ev.stats, precision, thresholds)
+    if not verdict.failures and stores_fp16(candidate):
+        with log.step(f"Looking for FP16 overflow in every tensor on up to {OVERFLOW_SCAN} held-out inputs"):
+            hit = first_non_finite(candidate, (x for _, x in held.inputs.batches(8, stop=OVERFLOW_SCAN)),
+                                   manifest.input_name)
+        if hit is not None:
+            verdict.failures.append(f"NaN/Inf in tensor {hit[0]} ({hit[2]} node {hit[1]}) stored in FP16")
     log.info(f"{precision.upper()} vs FP32 on {len(held):,} held-out inputs: {describe(verdict.stats)}")
     for line in verdict.inconclusive:
         log.warn(f"{precision.upper()} check {line}.")

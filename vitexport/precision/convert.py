@@ -38,9 +38,11 @@ def graph_precision(path: Path) -> str:
     return "fp32"
 
 
-def to_fp16(fp32_model, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, source: Path | None = None):
-    """A ModelProto in mixed FP16 (converted in place and returned): FP32 inputs/outputs, `keep_fp32` op types
-    computed in FP32, the rest in FP16; sorted, deduplicated and re-inferred so onnx.checker accepts it.
+def to_fp16(fp32_model, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, source: Path | None = None,
+            keep_nodes: tuple[str, ...] = ()):
+    """A ModelProto in mixed FP16 (converted in place and returned): FP32 inputs/outputs, `keep_fp32` op types and
+    the nodes named in `keep_nodes` (ranges.fp32_nodes) computed in FP32 with Casts at their boundaries, the rest in
+    FP16; sorted, deduplicated and re-inferred so onnx.checker accepts it.
 
     The converter needs every tensor's type. It infers them on the whole model, which protobuf cannot serialize past
     2 GB; given the file the model was loaded from (`source`), the types are inferred on its graph alone (weights
@@ -56,8 +58,9 @@ def to_fp16(fp32_model, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, source: 
         warnings.simplefilter("ignore")
         logging.getLogger("onnxruntime.transformers.float16").setLevel(logging.ERROR)
         model = convert_float_to_float16(fp32_model, keep_io_types=True, op_block_list=list(keep_fp32),
-                                         disable_shape_infer=source is not None)
+                                         node_block_list=list(keep_nodes), disable_shape_infer=source is not None)
     dedupe_casts(model.graph)
+    drop_round_trips(model.graph)
     topological_sort(model.graph)
     return with_inferred_types(model)  # types of converted tensors are stale; inferred again from the graph
 
@@ -65,11 +68,13 @@ def to_fp16(fp32_model, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, source: 
 LIGHT_BYTES = 4096  # tensors larger than this are left out of the copy shape inference reads (their dims kept)
 
 
-def load_weights(path: Path, skip: frozenset[str] = frozenset(), fp16: bool = False):
+def load_weights(path: Path, skip: frozenset[str] = frozenset(), fp16: bool = False,
+                 float32: frozenset[str] = frozenset()):
     """The model at `path` read one weight at a time, from the file or its external data, into a model that holds
     them inline; with fp16, every float weight over LIGHT_BYTES already in FP16 with the converter's own rounding
     (`convert_np_to_float16`), so the FP32 weights are never all in memory. `skip`: weights about to be replaced
     (by their quantized form) and never read: they stay as FP16 (fp16) or FP32 tensors with dims and no data.
+    `float32`: weights read as they are (FP32) even with fp16: those of nodes kept in FP32.
 
     Peak memory is the model written plus one weight, where onnx.load followed by a conversion holds the FP32
     weights, then their FP16 copies besides (a protobuf message keeps a replaced field's bytes until it is freed).
@@ -83,14 +88,14 @@ def load_weights(path: Path, skip: frozenset[str] = frozenset(), fp16: bool = Fa
     base = str(Path(path).parent)
     for t in model.graph.initializer:
         external, is_float = uses_external_data(t), t.data_type == onnx.TensorProto.FLOAT
-        to_fp16 = fp16 and is_float and (external or len(t.raw_data) > LIGHT_BYTES)
+        to_fp16 = fp16 and is_float and t.name not in float32 and (external or len(t.raw_data) > LIGHT_BYTES)
         if not (external or to_fp16 or (is_float and t.name in skip)):
             continue  # inline already, and kept as it is
         array = None if t.name in skip else numpy_helper.to_array(t, base_dir=base)  # a copy: t keeps no bytes
         t.ClearField("raw_data")
         t.ClearField("external_data")
         t.data_location = onnx.TensorProto.DEFAULT
-        if fp16 and is_float:
+        if to_fp16 or (fp16 and is_float and t.name in skip):
             t.data_type = onnx.TensorProto.FLOAT16
         if array is not None:
             t.raw_data = (convert_np_to_float16(array) if to_fp16 else array).tobytes()
@@ -122,13 +127,27 @@ def with_inferred_types(model):
     return model
 
 
-def convert_fp16(src: Path, dst: Path, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32) -> None:
-    """Mixed FP16 with FP32 inputs/outputs; ops in keep_fp32 stay FP32 (LayerNorm overflows in FP16)."""
+def convert_fp16(src: Path, dst: Path, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32,
+                 keep_nodes: tuple[str, ...] = ()) -> None:
+    """Mixed FP16 with FP32 inputs/outputs; ops in keep_fp32 and the nodes in keep_nodes stay FP32."""
     import onnx
 
-    # nothing kept in FP32 (the TensorRT-shaped graph): the weights become FP16 as they are read
-    model = load_weights(Path(src), fp16=True) if not keep_fp32 else onnx.load(str(src))
-    save_checked(to_fp16(model, tuple(keep_fp32), Path(src)), dst, "FP16")
+    # no op type kept in FP32 (the TensorRT-shaped graph): the weights become FP16 as they are read, but those of
+    # the nodes kept in FP32
+    model = load_weights(Path(src), fp16=True, float32=fp32_weights(Path(src), keep_nodes)) if not keep_fp32 \
+        else onnx.load(str(src))
+    save_checked(to_fp16(model, tuple(keep_fp32), Path(src), tuple(keep_nodes)), dst, "FP16")
+
+
+def fp32_weights(src: Path, keep_nodes: tuple[str, ...]) -> frozenset[str]:
+    """The initializers the nodes `keep_nodes` read."""
+    if not keep_nodes:
+        return frozenset()
+    import onnx
+
+    graph = onnx.load(str(src), load_external_data=False).graph
+    inits, kept = {i.name for i in graph.initializer}, set(keep_nodes)
+    return frozenset(t for n in graph.node if n.name in kept for t in n.input if t in inits)
 
 
 def save_checked(model, dst: Path, what: str) -> None:
@@ -159,6 +178,38 @@ def dedupe_casts(graph) -> None:
     if len(keep) != len(graph.node):
         del graph.node[:]
         graph.node.extend(keep)
+
+
+def drop_round_trips(graph) -> None:
+    """The converter casts every kept node's output to FP16 and back to FP32 for the next kept node: between two
+    FP32 nodes the value would pass through FP16 (and overflow, the very thing they are kept for). Such a
+    Cast(FP16) -> Cast(FP32) pair is removed and the FP32 readers read the FP32 tensor itself."""
+    import onnx
+
+    def to(node) -> int:
+        return next((a.i for a in node.attribute if a.name == "to"), -1)
+
+    producer = {o: n for n in graph.node for o in n.output}
+    up = {n.output[0]: n.input[0] for n in graph.node
+          if n.op_type == "Cast" and to(n) == onnx.TensorProto.FLOAT
+          and (src := producer.get(n.input[0])) is not None and src.op_type == "Cast"
+          and to(src) == onnx.TensorProto.FLOAT16 and src.input[0] in producer}  # FP32 tensor after the trip -> its
+    # FP16 copy's own FP32 source
+    if not up:
+        return
+    back = {c: producer[h].input[0] for c, h in up.items()}
+    outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        for k, t in enumerate(node.input):
+            if t in back:
+                node.input[k] = back[t]
+    dead = {id(producer[c]) for c in back if c not in outputs}
+    keep = [n for n in graph.node if id(n) not in dead]
+    read = {t for n in keep for t in n.input} | outputs
+    keep = [n for n in keep if not (n.op_type == "Cast" and to(n) == onnx.TensorProto.FLOAT16
+                                    and n.output[0] not in read)]
+    del graph.node[:]
+    graph.node.extend(keep)
 
 
 def topological_sort(graph) -> None:

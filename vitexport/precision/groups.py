@@ -62,7 +62,11 @@ def gemm_groups(selection: GemmSelection) -> list[Group]:
 def without(selection: GemmSelection, groups: list[Group]) -> GemmSelection:
     """The selection with these groups' nodes left in float (the activations stay listed: their ranges are
     measured either way, and only the selected nodes' inputs get Q/DQ)."""
-    drop = {n for g in groups for n in g.nodes}
+    return without_nodes(selection, {n for g in groups for n in g.nodes})
+
+
+def without_nodes(selection: GemmSelection, drop: set[str]) -> GemmSelection:
+    """The selection with these nodes left in float."""
     nodes = [n for n in selection.nodes if n not in drop]
     inputs = {n: k for n, k in selection.inputs.items() if n not in drop}
     return GemmSelection(nodes, list(selection.activations), inputs)

@@ -256,11 +256,13 @@ def channel_maxima(fp32: Path, data: CalibrationSet, preprocess, input_name: str
     return stats.amax  # type: ignore[return-value]
 
 
-def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax: dict[str, float]) -> dict:
-    """Write the Q/DQ graph of `kind` (an INT8 kind, or fp8) to dst (checked by onnx.checker); returns its Q/DQ
-    invariants."""
+def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax: dict[str, float],
+               keep_nodes: tuple[str, ...] = ()) -> dict:
+    """Write the Q/DQ graph of `kind` (an INT8 kind, or fp8) to dst (checked by onnx.checker), its FP16 remainder
+    but `keep_nodes` (ranges.fp32_nodes); returns its Q/DQ invariants."""
     f = kind_format(kind)
-    model = write_qdq(fp32, dst, selection, amax, f.what, fp16=f.fp16, weight_max=f.weight_max, fmt=f.fmt)
+    model = write_qdq(fp32, dst, selection, amax, f.what, fp16=f.fp16, weight_max=f.weight_max, fmt=f.fmt,
+                      keep_nodes=keep_nodes if f.fp16 else ())
     inv = trt_int8_invariants(model)  # the graph just written, not read back
     if inv["nonzero_zero_points"]:
         raise VitexportError("Quantization produced non-zero zero points, which TensorRT rejects.")

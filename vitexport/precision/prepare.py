@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..artifacts.folder import ModelFolder, artifact_kind, onnx_digest
@@ -22,18 +22,20 @@ from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, open_validation
 from .check import check_against_fp32, fp32_reference
 from .convert import convert_fp16, graph_precision
-from .groups import without
+from .groups import without, without_nodes
 from .int8 import (
     QDQ_KINDS,
     calibration_key,
     calibration_set,
     channel_maxima,
+    kind_format,
     placement_of,
     ranges,
     selection_for,
     write_int8,
 )
 from .qdq import GemmSelection
+from .ranges import Kept, measured_keep, overflow_hint
 from .sensitivity import Sensitivity, Simulator, Target, measure, search
 from .settings import CalibOptions
 from .smoothquant import smooth_sites, write_smoothed
@@ -98,11 +100,14 @@ def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manife
     key, reused, verdict = None, None, None
     with atomic_path(out_path, suffix=".onnx") as tmp:
         if precision in FP16_KINDS:
-            keep = tuple(opts.keep_fp32) if precision == "fp16" else ()  # the TensorRT graph keeps nothing in FP32
+            keep = tuple(opts.keep_fp32) if precision == "fp16" else ()  # the TensorRT graph keeps no op type
+            kept = measured_keep(fp32, fp32_sha, manifest, opts, folder.calib_cache, log,
+                                 tuple(opts.int8.exclude_nodes))
             what = "mixed FP16" if precision == "fp16" else "FP16 for TensorRT"
-            with log.step(f"Converting to {what} (kept in FP32: {', '.join(keep) or 'nothing'})"):
-                convert_fp16(fp32, tmp, keep)
-            record.keep_fp32 = list(keep)
+            with log.step(f"Converting to {what} (kept in FP32: {', '.join(keep) or 'no op type'}, "
+                          f"{len(kept)} nodes by their ranges)"):
+                convert_fp16(fp32, tmp, keep, tuple(k.node for k in kept))
+            record.keep_fp32, record.fp32_nodes = list(keep), [k.to_dict() for k in kept]
         else:
             key, reused, verdict = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, held, log)
         if held is not None:
@@ -119,7 +124,8 @@ def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manife
             if failures:
                 rejected = folder.rejected(precision)
                 os.replace(tmp, rejected)
-                hint = "" if precision not in QDQ_KINDS else (
+                hint = overflow_hint(rejected, held, manifest.input_name) if "NaN/Inf" in str(failures) else ""
+                hint += "" if precision not in QDQ_KINDS else (
                     " To see which GEMMs cost the most, run `vitexport quantize` with --sensitivity; --min-cos C or "
                     "--max-drop POINTS keeps the costliest in float until that holds, and --smoothquant moves "
                     "LayerNorm outliers into the weights.")
@@ -162,6 +168,11 @@ class Calibrated:
     root: Path  # the calibration data
     skipped: int
     smoothed: dict[str, float] | None = None  # LayerNorm -> the largest SmoothQuant factor applied
+    kept: list[Kept] = field(default_factory=list)  # nodes the FP16 remainder keeps in FP32 (ranges.fp32_nodes)
+
+    @property
+    def keep_nodes(self) -> tuple[str, ...]:
+        return tuple(k.node for k in self.kept)
 
 
 def _calibrated(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, manifest: Manifest, opts: CalibOptions,
@@ -198,7 +209,11 @@ def _calibrated(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, manif
         key = calibration_key(source_sha, data, pp, {**settings.to_dict(), **keyed})
     amax, reused, used = ranges(source, data, manifest.preprocess, manifest.input_name, selection, settings,
                                 folder.calib_cache(key), log)
-    return Calibrated(source, selection, amax, key, reused, used, calib_root, data.count - used, smoothed)
+    kept: list[Kept] = []
+    if kind_format(kind).fp16:  # the FP16 remainder: what its ranges keep in FP32, and those GEMMs unquantized
+        kept = measured_keep(source, source_sha, manifest, opts, folder.calib_cache, log)
+        selection = without_nodes(selection, {k.node for k in kept})
+    return Calibrated(source, selection, amax, key, reused, used, calib_root, data.count - used, smoothed, kept)
 
 
 def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Path, manifest: Manifest,
@@ -219,11 +234,13 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
         else:
             with log.step(f"Writing {folder.onnx(kind).name} ({len(cal.selection.nodes)} "
                           f"{artifact_kind(kind).precision.upper()} GEMMs)"):
-                record.qdq = write_int8(kind, cal.source, dst, cal.selection, cal.amax)
+                record.qdq = write_int8(kind, cal.source, dst, cal.selection, cal.amax, cal.keep_nodes)
     if kind == "int8-trt":
         record.qdq["placement"] = placement_of(kind, settings)
     if cal.smoothed is not None:
         record.qdq["smoothed_layernorms"] = len(cal.smoothed)
+    if kind_format(kind).fp16:
+        record.fp32_nodes = [k.to_dict() for k in cal.kept]
     s = settings.to_dict()
     record.calibration = CalibrationRecord(
         key=cal.key, method=settings.method, samples=cal.used, data=str(cal.root.resolve()),
@@ -285,7 +302,7 @@ def _fall_back(folder: ModelFolder, kind: str, fp32: Path, cal: Calibrated, dst:
         chosen = without(cal.selection, floated)
         with log.step(f"Writing {folder.onnx(kind).name} ({len(chosen.nodes)} {precision.upper()} GEMMs, {k} "
                       f"groups in float)"):
-            record.qdq = write_int8(kind, cal.source, dst, chosen, cal.amax)
+            record.qdq = write_int8(kind, cal.source, dst, chosen, cal.amax, cal.keep_nodes)
         with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs ({held.source})"):
             verdict = check_against_fp32(fp32, dst, held, precision, manifest, bounds, log, reference=store)
         if target.holds(verdict.stats, strict) or k == len(groups):
@@ -311,7 +328,7 @@ def _speed_cost(kind: str, cal: Calibrated, result: Path, scratch: Path, held: V
     group quantized, written for the comparison and let go."""
     everything = scratch / "all-quantized.onnx"
     with log.step("Timing the result against every group quantized (ONNX Runtime CPU, batch 1)"):
-        write_int8(kind, cal.source, everything, cal.selection, cal.amax)
+        write_int8(kind, cal.source, everything, cal.selection, cal.amax, cal.keep_nodes)
         ms = interleaved_latency([result, everything], held.inputs.sample(1), optimization_for(
             artifact_kind(kind).precision))
         everything.unlink(missing_ok=True)

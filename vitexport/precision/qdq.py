@@ -27,7 +27,7 @@ import numpy as np
 from ..artifacts.folder import CPU_INT8_WEIGHT_MAX
 from ..errors import VitexportError, first_line
 from ..tensorrt_engine.fusion import LINEAR_OPS, constant_names
-from .convert import load_weights, save_checked, to_fp16, topological_sort, with_inferred_types
+from .convert import fp32_weights, load_weights, save_checked, to_fp16, topological_sort, with_inferred_types
 
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
 # FP8: from 21 on, Reshape/Squeeze/Transpose take FP8 tensors, which ONNX Runtime's Q/DQ propagation makes when it
@@ -201,17 +201,20 @@ def float_gemms(fp32_model, selection: GemmSelection, scale_dtype=np.float16,
 
 
 def qdq_sources(fp32_path: Path, selection: GemmSelection, fp16: bool, scale_dtype=np.float16,
-                weight_max: float = INT8_MAX, fmt: QFormat = INT8, keep_float: bool = False):
+                weight_max: float = INT8_MAX, fmt: QFormat = INT8, keep_float: bool = False,
+                keep_nodes: tuple[str, ...] = ()):
     """(the selected GEMMs with their weights quantized, the graph the Q/DQ go into: the FP32 model with the other
-    weights in FP16 when fp16), each read one weight at a time: the FP32 weights are never all in memory, whatever
-    the model's size (external data included). keep_float: the quantized weights' float form is loaded too."""
+    weights in FP16 when fp16, but the nodes `keep_nodes` in FP32), each read one weight at a time: the FP32 weights
+    are never all in memory, whatever the model's size (external data included). keep_float: the quantized
+    weights' float form is loaded too."""
     import onnx
 
     fp32_path = Path(fp32_path)
     gemms = float_gemms(onnx.load(str(fp32_path), load_external_data=False), selection, scale_dtype, weight_max,
                         fmt, fp32_path.parent)
-    model = load_weights(fp32_path, frozenset() if keep_float else gemms.replaced, fp16)
-    return gemms, (to_fp16(model, keep_fp32=(), source=fp32_path) if fp16 else model)
+    model = load_weights(fp32_path, frozenset() if keep_float else gemms.replaced, fp16,
+                         fp32_weights(fp32_path, keep_nodes) if fp16 else frozenset())
+    return gemms, (to_fp16(model, keep_fp32=(), source=fp32_path, keep_nodes=keep_nodes) if fp16 else model)
 
 
 def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, float], scale_dtype=np.float16,
@@ -331,11 +334,11 @@ def _converted(model, version: int):
 
 
 def write_qdq(fp32_path: Path, dst: Path, selection: GemmSelection, amax: dict[str, float], what: str, *,
-              fp16: bool = True, weight_max: float = INT8_MAX, fmt: QFormat = INT8):
+              fp16: bool = True, weight_max: float = INT8_MAX, fmt: QFormat = INT8, keep_nodes: tuple[str, ...] = ()):
     """model.onnx + calibrated ranges -> a Q/DQ ONNX at `dst` (checked by onnx.checker), read one weight at a time
-    (qdq_sources); FP16 remainder and scales when fp16, else FP32. Returns the graph written."""
+    (qdq_sources); FP16 remainder (but keep_nodes) and scales when fp16, else FP32. Returns the graph written."""
     scale_dtype = np.float16 if fp16 else np.float32
-    gemms, model = qdq_sources(fp32_path, selection, fp16, scale_dtype, weight_max, fmt)
+    gemms, model = qdq_sources(fp32_path, selection, fp16, scale_dtype, weight_max, fmt, keep_nodes=keep_nodes)
     model = insert_qdq_from(gemms, model, selection, amax, scale_dtype)
     save_checked(model, dst, what)
     return model

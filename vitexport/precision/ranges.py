@@ -1,0 +1,273 @@
+"""FP16 that cannot overflow: measured ranges decide which nodes of an FP16 graph stay in FP32.
+
+Large ViTs carry "massive activations": a few residual channels reach hundreds to tens of thousands, and the
+residual sum can leave FP16's range (65,504) even when every weight fits. FP32 has no such limit, so a graph that is
+fine in FP32 gives Inf in FP16. The rule, per node of the FP32 graph:
+
+- measure every float tensor's largest |x| on the calibration images (`tensor_maxima`: each tensor reduced to one
+  number inside the graph, Abs then ReduceMax, so one pass at about inference speed returns scalars, whatever the
+  model's size);
+- a node stays in FP32 when one of its float inputs or outputs reaches FP16_MAX / MARGIN (or a weight it reads is
+  beyond FP16_MAX): its output cannot be FP16, or it reads a tensor that cannot. In a ViT these are the residual
+  Adds, the LayerNorms that read the stream, the bias Adds (or GEMMs) that produce the outliers, and the final norm;
+  the GEMMs and the attention that read normalised tensors stay FP16, so TensorRT still fuses them in FP16. The
+  converter puts Casts at each boundary.
+
+MARGIN is 16 (a limit of 4,094): calibration images are a sample, and a tensor within a factor of 16 of the limit
+on them may reach it on another image; FP16's relative precision is the same at every magnitude, so a large value
+costs nothing else. NVIDIA ModelOpt's AutoCast keeps nodes whose outputs exceed 512 (`data_max`), a margin of 128,
+and initializers over 65,504 (`init_max`), which keeps far more nodes in FP32 in large ViTs (docs/PARITY.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..errors import VitexportError
+
+FP16_MAX = 65504.0
+MARGIN = 16.0
+SAFE_MAX = FP16_MAX / MARGIN  # a tensor reaching this on the calibration images is kept out of FP16
+_REDUCED = "__vx_absmax"  # suffix of the scalar outputs added to the observed graph
+RANGES_FORMAT = "vitexport-ranges/1"  # the calibration cache's file of tensor maxima
+
+
+def reduced_model_bytes(model_path: Path, elem_types: tuple[int, ...] | None = None) -> tuple[bytes, list[str]]:
+    """The model with one scalar output per float tensor (its largest |x|), serialized; and those tensors' names.
+    The graph's own outputs stay first. Weights in external data stay there (the session reads them from the
+    model's folder). elem_types: the tensor types observed (default FP32; an FP16 graph's: FP16 and FP32)."""
+    import onnx
+    from onnx import helper
+
+    from .convert import with_inferred_types
+
+    model = with_inferred_types(onnx.load(str(model_path), load_external_data=False))
+    graph = model.graph
+    wanted = elem_types or (onnx.TensorProto.FLOAT,)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.value_info, *graph.input, *graph.output)}
+    produced = [i.name for i in graph.input] + [o for n in graph.node for o in n.output if o]
+    names = list(dict.fromkeys(t for t in produced if types.get(t) in wanted))
+    for k, t in enumerate(names):
+        a, m = f"{t}{_REDUCED}_abs", f"{t}{_REDUCED}"
+        graph.node.extend([helper.make_node("Abs", [t], [a], name=f"vx_abs_{k}"),
+                           helper.make_node("ReduceMax", [a], [m], name=f"vx_max_{k}", keepdims=0)])
+        graph.output.append(helper.make_tensor_value_info(m, types[t], []))
+    return model.SerializeToString(), names
+
+
+def tensor_maxima(model_path: Path, batches: Iterable[np.ndarray], input_name: str, threads: int | None = None,
+                  tick: Callable[[int], None] | None = None) -> tuple[dict[str, float], int]:
+    """({float tensor: largest |x| over the batches}, inputs seen), one ONNX Runtime pass; memory: one batch."""
+    from ..backends.ort_session import create_session
+
+    data, names = reduced_model_bytes(Path(model_path))
+    sess = create_session(data, threads=threads, external_folder=Path(model_path).parent)
+    outputs = [f"{t}{_REDUCED}" for t in names]
+    top = np.zeros(len(names), np.float64)
+    n = 0
+    for x in batches:
+        got = sess.run(outputs, {input_name: np.ascontiguousarray(x, dtype=np.float32)})
+        top = np.fmax(top, np.abs(np.asarray(got, dtype=np.float64)))  # NaN-proof: fmax ignores a NaN side
+        bad = ~np.isfinite(np.asarray(got, dtype=np.float64))
+        top[bad] = np.inf
+        n += len(x)
+        if tick is not None:
+            tick(len(x))
+    if n == 0:
+        raise VitexportError("No calibration inputs were given to measure the tensors' ranges.")
+    return dict(zip(names, map(float, top))), n
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A node kept in FP32, and why: the tensor that reaches the limit, and how far it goes."""
+
+    node: str
+    op: str
+    tensor: str
+    max: float
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "op": self.op, "tensor": self.tensor, "max": self.max}
+
+
+def weight_maxima(model_path: Path) -> dict[str, float]:
+    """The largest |w| of each float initializer (read one at a time)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    base = str(Path(model_path).parent)
+    return {t.name: float(np.abs(numpy_helper.to_array(t, base_dir=base)).max(initial=0.0))
+            for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+
+
+def fp32_nodes(graph, maxima: dict[str, float], weights: dict[str, float] | None = None,
+               limit: float | None = None) -> list[Kept]:
+    """The nodes of `graph` (FP32) that stay in FP32: a float input or output reaches `limit` (SAFE_MAX), or a
+    weight it reads is beyond FP16's range. In graph order."""
+    weights, limit = weights or {}, SAFE_MAX if limit is None else limit
+    kept = []
+    for node in graph.node:
+        worst = max(((maxima[t], t) for t in (*node.input, *node.output) if t in maxima), default=(0.0, ""))
+        wmax = max(((weights[t], t) for t in node.input if t in weights), default=(0.0, ""))
+        if worst[0] >= limit:
+            kept.append(Kept(node.name, node.op_type, worst[1], worst[0]))
+        elif wmax[0] > FP16_MAX:
+            kept.append(Kept(node.name, node.op_type, wmax[1], wmax[0]))
+    return kept
+
+
+_BLOCK = re.compile(r"blocks?\.?(\d+)")
+
+
+def summary(kept: list[Kept], compute_nodes: int) -> str:
+    """One line: '12 of 310 nodes kept in FP32 (blocks 2-11, final norm): their tensors reach 2.4e5 on the
+    calibration images, FP16's limit with a 16x margin is 4.1e3'."""
+    if not kept:
+        return f"No node kept in FP32: every tensor stays under {SAFE_MAX:.3g} on the calibration images."
+    blocks = sorted({int(m.group(1)) for k in kept if (m := _BLOCK.search(k.node))})
+    where = []
+    if blocks:
+        where.append(f"block{'s' if len(blocks) > 1 else ''} {_spans(blocks)}")
+    if any(not _BLOCK.search(k.node) for k in kept):
+        where.append("outside the blocks")
+    top = max(k.max for k in kept)
+    reach = "Inf" if not np.isfinite(top) else f"{top:.2g}"
+    return (f"{len(kept)} of {compute_nodes} nodes kept in FP32 ({', '.join(where)}): their tensors reach {reach} on "
+            f"the calibration images; FP16 holds {FP16_MAX:.0f}, kept under {SAFE_MAX:.0f} ({MARGIN:.0f}x margin).")
+
+
+def _spans(ids: list[int]) -> str:
+    """[2, 3, 4, 7] -> '2-4, 7'."""
+    out, start = [], ids[0]
+    for a, b in zip(ids, ids[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out)
+
+
+def first_non_finite(model_path: Path, batches: Iterable[np.ndarray], input_name: str
+                     ) -> tuple[str, str, str] | None:
+    """(tensor, node, op) where NaN or Inf first appears in graph order in the first batch that has any, run
+    through the graph at model_path (an FP16 or mixed graph); None when every tensor stays finite."""
+    import onnx
+
+    from ..backends.ort_session import create_session
+
+    data, names = reduced_model_bytes(Path(model_path), (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16))
+    # every tensor is a graph output, so it is stored in its declared type (ONNX Runtime's CPU provider would
+    # otherwise compute a chain of FP16 ops in FP32 and never overflow where TensorRT does); basic optimizations
+    # run an FP8 graph as it is written (optimization_for)
+    sess = create_session(data, external_folder=Path(model_path).parent, optimize="basic")
+    outputs = [f"{t}{_REDUCED}" for t in names]
+    for x in batches:
+        got = sess.run(outputs, {input_name: np.ascontiguousarray(x, dtype=np.float32)})
+        bad = {t for t, v in zip(names, got) if not np.isfinite(np.asarray(v, dtype=np.float64)).all()}
+        if bad:
+            break
+    else:
+        return None
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        for o in node.output:
+            if o in bad:
+                while node.op_type == "Cast" and node.input[0] in producer:  # the converter's: name the node it casts
+                    node = producer[node.input[0]]
+                return o, node.name, node.op_type
+    return next(iter(bad)), "", ""
+
+
+def measured_keep(fp32: Path, fp32_sha: str, manifest, opts, cache_for: Callable[[str], Path], log,
+                  extra: tuple[str, ...] = ()) -> list[Kept]:
+    """The nodes an FP16 graph of model.onnx keeps in FP32 (fp32_nodes), from the tensors' ranges on the calibration
+    images (measured once, then read from the calibration cache), plus the nodes the user names (`extra`); the
+    summary line is printed when any is kept."""
+    import onnx
+
+    from ..paths import default_calib_dir
+    from .int8 import CALIB_BATCH, calibration_key, calibration_set
+
+    root = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
+    data = calibration_set(root, manifest.preprocess, opts.samples)
+    cache = cache_for(calibration_key(fp32_sha, data, manifest.preprocess.to_dict(), {"ranges": RANGES_FORMAT}))
+    maxima = _cached_maxima(cache)
+    if maxima is None:
+        with log.step(f"Measuring every tensor's range on {data.count} calibration inputs ({root})"):
+            with log.bar("ranges", data.count) as tick:
+                maxima, n = tensor_maxima(fp32, data.batches(manifest.preprocess, CALIB_BATCH), manifest.input_name,
+                                          tick=tick)
+        _write_maxima(cache, maxima, n)
+    graph = onnx.load(str(fp32), load_external_data=False).graph
+    kept = fp32_nodes(graph, maxima, weight_maxima(fp32))
+    names = {k.node for k in kept}
+    ops = {n.name: n.op_type for n in graph.node}
+    unknown = [e for e in extra if e not in ops]
+    if unknown:
+        raise VitexportError(f"--exclude-node: the graph has no node {unknown[0]!r}.")
+    kept += [Kept(e, ops[e], "", 0.0) for e in extra if e not in names]  # the user's: no range behind them
+    if kept:
+        log.warn(summary(kept, sum(1 for n in graph.node if n.op_type not in _NOT_COMPUTE)))
+    return kept
+
+
+_NOT_COMPUTE = ("Constant", "Shape", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Slice", "Concat",
+                "Cast", "Identity", "Expand", "Flatten", "Split")
+
+
+def _cached_maxima(cache: Path) -> dict[str, float] | None:
+    import json
+
+    try:
+        body = json.loads(cache.read_text()) if cache.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(body, dict) or body.get("format") != RANGES_FORMAT or not isinstance(body.get("max"), dict):
+        return None
+    got = body["max"]
+    if not all(v is None or (isinstance(v, (int, float)) and v >= 0) for v in got.values()):
+        return None
+    return {t: float("inf") if v is None else float(v) for t, v in got.items()}
+
+
+def _write_maxima(cache: Path, maxima: dict[str, float], samples: int) -> None:
+    import json
+
+    from ..paths import write_text_atomic
+
+    body = {"format": RANGES_FORMAT, "samples": samples,
+            "max": {t: (v if np.isfinite(v) else None) for t, v in maxima.items()}}  # JSON has no Infinity: null
+    write_text_atomic(cache, json.dumps(body, sort_keys=True) + "\n")
+
+
+def stores_fp16(graph_path: Path) -> bool:
+    """Whether a graph holds FP16 weights or casts to FP16 (convert.graph_precision's test, any Q/DQ included)."""
+    import onnx
+
+    model = onnx.load(str(graph_path), load_external_data=False)
+    return any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer) or any(
+        n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
+        for n in model.graph.node)
+
+
+def overflow_hint(graph_path: Path, held, input_name: str) -> str:
+    """For a failed check whose output has NaN/Inf: where it first appears (on the held-out inputs) and what
+    helps; '' when it cannot be found."""
+    try:
+        hit = first_non_finite(graph_path, (x for _, x in held.inputs.batches(8)), input_name)
+    except Exception:  # noqa: BLE001 -- a diagnosis must not hide the failure it explains
+        return ""
+    if hit is None:
+        return ""
+    tensor, node, op = hit
+    at = f"{tensor} (output of {op} node {node})" if node else tensor
+    return (f" NaN/Inf first appears at {at}. Its range on these inputs leaves FP16's: keep it in FP32 with "
+            f"--exclude-node {node or tensor}, or calibrate on images like these (--calib-data) so that the "
+            f"measured ranges keep it in FP32.")
