@@ -321,7 +321,10 @@ def test_a_file_size_limit_names_the_real_file_and_keeps_the_previous_one(folder
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     last = _one_sentence(r, 2, f"{folder / 'model.fp16.onnx'}", "file-size limit")
     assert ".vx" not in last
-    assert _state(folder) == before
+    # the tensors' ranges were measured (and cached, whole) before the graph could not be written: only they are new
+    after = _state(folder)
+    assert {k: v for k, v in after.items() if k in before or not k.startswith("calib-cache/")} == before
+    assert all(json.loads((folder / k).read_text())["format"] == "vitexport-ranges/1" for k in after if k not in before)
     _clean(folder)
 
 
@@ -460,16 +463,17 @@ def test_an_os_error_that_reaches_a_command_names_the_real_file(folder, monkeypa
 
 
 def test_ctrl_c_keeps_nothing_partial(folder, monkeypatch):
-    import vitexport.precision.prepare as prepare
+    import vitexport.precision.convert as convert
 
     def interrupted(*args, **kwargs):
         Path(args[1]).write_bytes(b"half a graph")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(prepare, "convert_fp16", interrupted)
+    monkeypatch.setattr(convert, "convert_fp16", interrupted)
     before = _state(folder)
     _one_sentence(_run("quantize", "--fp16", folder, "--no-check"), 130, "Interrupted")
-    assert _state(folder) == before
+    after = _state(folder)  # the ranges measured (and cached, whole) before the interruption may stay; nothing else
+    assert {k: v for k, v in after.items() if k in before or not k.startswith("calib-cache/")} == before
     _clean(folder)
 
 

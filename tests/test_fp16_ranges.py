@@ -14,41 +14,21 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, copy_export
-from safetensors.torch import load_file, save_file
+from conftest import ROOT, copy_export, load_script
 
 from vitexport.cli import cli
 from vitexport.data.images import load_image
 from vitexport.data.preprocess import Preprocess
 from vitexport.precision.ranges import first_non_finite
 
-DIGITS = ROOT / "models" / "digits" / "vit_digits_patch4_32.safetensors"
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
-CHANNELS = [5, 17, 40]
-SHAPE_OPS = {"Cast", "Constant", "Shape", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Slice",
-             "Concat", "Identity", "Expand", "Flatten", "Split"}
-
-
-def massive(kind: str, path):
-    """The digits weights with the residual stream of CHANNELS at +6e4 after block 0, +1.2e5 after block 1, and
-    back to normal after blocks 2 and 3: through fc2's bias, or through fc2's weights reading one GELU unit that
-    fc1's bias holds on (a GEMM's output, not a constant)."""
-    sd = load_file(DIGITS)
-    for block, sign in ((0, 1), (1, 1), (2, -1), (3, -1)):
-        if kind == "bias":
-            sd[f"blocks.{block}.mlp.fc2.bias"][CHANNELS] += sign * 6e4
-        else:
-            sd[f"blocks.{block}.mlp.fc1.bias"][3] += 30.0  # GELU(~30) = ~30 on every token, whatever its input
-            sd[f"blocks.{block}.mlp.fc1.weight"][3] *= 1e-4
-            sd[f"blocks.{block}.mlp.fc2.weight"][CHANNELS, 3] = sign * 2e3
-    save_file(sd, str(path))
-    return path
+compare = load_script("autocast_compare")  # the test model (massive) and the FP32 node count, as the comparison has them
 
 
 @pytest.fixture(scope="module", params=["bias", "gemm"])
 def outliers(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"massive-{request.param}")
-    ckpt = massive(request.param, tmp / "w.safetensors")
+    ckpt = compare.massive(request.param, tmp / "w.safetensors")
     r = CliRunner().invoke(cli, ["onnx", "-m", "vit_digits_patch4_32", "-c", str(ckpt), "-o", str(tmp / "m"), "-q"])
     assert r.exit_code == 0, r.output
     return tmp / "m"
@@ -68,15 +48,6 @@ def run(path, x):
     return sess.run(None, {sess.get_inputs()[0].name: x})[0]
 
 
-def fp32_compute_nodes(path):
-    """(compute nodes computing in FP32, compute nodes) of a written graph, by the types ONNX infers."""
-    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
-    types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.value_info, *model.graph.output)}
-    compute = [n for n in model.graph.node if n.op_type not in SHAPE_OPS | {"QuantizeLinear", "DequantizeLinear"}]
-    fp32 = [n for n in compute if types.get(n.output[0]) == onnx.TensorProto.FLOAT]
-    return len(fp32), len(compute)
-
-
 @pytest.mark.parametrize("args,kind", [(["--fp16", "--target", "tensorrt"], "fp16-trt"),
                                        (["--int8", "--target", "tensorrt"], "int8-trt"), (["--fp8"], "fp8")])
 def test_massive_activations_stay_finite(outliers, args, kind):
@@ -90,7 +61,7 @@ def test_massive_activations_stay_finite(outliers, args, kind):
     assert np.isfinite(got).all() and first_non_finite(outliers / graph, [x[:16]], "pixel_values") is None
     cos = (want * got).sum(1) / (np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1))
     assert cos.min() >= (0.999 if "fp16" in graph else 0.99), cos.min()
-    fp32, compute = fp32_compute_nodes(outliers / graph)
+    fp32, compute = compare.fp32_compute_nodes(outliers / graph)
     assert 0 < fp32 <= compute / 4, (fp32, compute)
     kept = json.loads((outliers / "manifest.json").read_text())["precisions"][kind]
     assert kept["fp32_nodes"] and all(k["max"] >= 4094 for k in kept["fp32_nodes"])
@@ -113,7 +84,7 @@ def test_a_model_without_outliers_keeps_its_all_fp16_graph(digits_export, tmp_pa
     r = CliRunner().invoke(cli, ["quantize", str(folder), "--fp16", "--target", "tensorrt", "-q"])
     assert r.exit_code == 0, r.output
     assert "kept in FP32" not in r.output
-    assert fp32_compute_nodes(folder / "model.fp16.trt.onnx")[0] == 0
+    assert compare.fp32_compute_nodes(folder / "model.fp16.trt.onnx")[0] == 0
     assert json.loads((folder / "manifest.json").read_text())["precisions"]["fp16-trt"]["fp32_nodes"] == []
 
 
@@ -131,3 +102,59 @@ def test_an_overflow_names_the_first_bad_node(outliers, tmp_path, monkeypatch):
     monkeypatch.undo()  # the named node kept in FP32 by hand is not enough alone; the ranges are
     r = CliRunner().invoke(cli, ["quantize", str(folder), "--fp16", "--target", "tensorrt", "-q"])
     assert r.exit_code == 0, r.output
+
+
+def lint(path, tmp_path):
+    """`polygraphy check lint` of a graph: [(failing node, message)] (empty: it lints clean)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("polygraphy")
+    report = tmp_path / f"{path.name}.lint.json"
+    subprocess.run([sys.executable, "-c", "import sys; from polygraphy.tools import main; sys.exit(main())",
+                    "check", "lint", str(path), "-o", str(report)], capture_output=True, text=True, timeout=300)
+    body = json.loads(report.read_text())
+    return [(e["nodes"], e["message"]) for e in body["lint_entries"] if e["level"] in ("exception", "error")]
+
+
+def test_every_graph_quantize_writes_lints_clean_but_fp8(digits_export, tmp_path):
+    """NVIDIA Polygraphy's lint loads each graph in ONNX Runtime with every optimization: the FP16 and INT8 graphs
+    pass. The FP8 graph cannot: ONNX Runtime's Q/DQ rewrites of the extended level bind an FP8 DequantizeLinear's
+    type parameter to uint8 (docs/TENSORRT.md); its only lint errors must be that one."""
+    folder = copy_export(digits_export, tmp_path / "digits")
+    for args in (["--int8", "--target", "all"], ["--fp16", "--target", "all"], ["--fp8"]):
+        r = CliRunner().invoke(cli, ["quantize", str(folder), *args, "--no-check", "-q"])
+        assert r.exit_code == 0, r.output
+    for name in ("model.fp16.onnx", "model.fp16.trt.onnx", "model.int8.onnx", "model.int8.trt.onnx"):
+        assert lint(folder / name, tmp_path) == [], name
+    errors = lint(folder / "model.fp8.onnx", tmp_path)
+    assert all("float8e4m3fn" in message for _, message in errors), errors
+
+
+def test_a_cosine_target_returns_the_costliest_regions_to_fp32(digits_export, tmp_path):
+    """--fp16 --min-cos: digits in FP16 misses a cosine of 0.9999999 (FP16's rounding alone costs more); regions go
+    back to FP32, costliest first, until the written graph meets it, and they are recorded; an impossible target is
+    one sentence."""
+    folder = copy_export(digits_export, tmp_path / "digits")
+    r = CliRunner().invoke(cli, ["quantize", str(folder), "--fp16", "--target", "tensorrt", "-q"])
+    assert r.exit_code == 0, r.output
+    x = heldout_inputs(folder, 360)
+    want = run(folder / "model.onnx", x)
+
+    def cos_min(graph):
+        got = run(graph, x)
+        return ((want * got).sum(1) / (np.linalg.norm(want, axis=1) * np.linalg.norm(got, axis=1))).min()
+
+    plain = cos_min(folder / "model.fp16.trt.onnx")
+    target = 1 - (1 - plain) / 4  # a quarter of all-FP16's worst error
+    r = CliRunner().invoke(cli, ["quantize", str(folder), "--fp16", "--target", "tensorrt", "--min-cos",
+                                 f"{target:.9f}"])
+    assert r.exit_code == 0, r.output
+    assert "regions" in r.output
+    assert cos_min(folder / "model.fp16.trt.onnx") >= target
+    kept = json.loads((folder / "manifest.json").read_text())["precisions"]["fp16-trt"]["fp32_nodes"]
+    fp32, compute = compare.fp32_compute_nodes(folder / "model.fp16.trt.onnx")
+    assert kept and 0 < fp32 < compute
+    r = CliRunner().invoke(cli, ["quantize", str(folder), "--fp16", "--target", "tensorrt", "--min-cos", "1.0",
+                                 "--no-check"])
+    assert r.exit_code == 2 and "drop --no-check" in r.output

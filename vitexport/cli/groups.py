@@ -226,8 +226,8 @@ CALIB = OptionGroup(
     "calib",
     lambda: [
         opt("--calib-data", type=click.Path(path_type=Path), default=None,
-             help="Calibration images (recursive; jpg/png/webp/bmp) or .npy batches. "
-                  "Default: the shipped set for the model."),
+             help="Calibration images (recursive; jpg/png/webp/bmp) or .npy batches (INT8/FP8 ranges; FP16: the "
+                  "ranges that keep nodes in FP32). Default: the shipped set for the model."),
         opt("--calib-samples", type=click.IntRange(min=1), default=None,
              help="Use N calibration inputs (chosen evenly)."),
         opt("--calib-method", type=click.Choice(CALIB_METHODS), default="percentile", show_default=True),
@@ -243,10 +243,11 @@ CALIB = OptionGroup(
                                     f"their range moves; default {DEFAULT_ALPHA:g})."),
         opt("--min-cos", type=click.FloatRange(-1, 1), default=None, metavar="C",
             help="INT8/FP8: return the costliest GEMM groups to float, fewest first, until the minimum cosine to "
-                 "FP32 on the held-out data is at least C."),
+                 "FP32 on the held-out data is at least C; FP16: the costliest regions (blocks, stem, head) to "
+                 "FP32."),
         opt("--max-drop", type=click.FloatRange(min=0), default=None, metavar="POINTS",
             help="INT8/FP8: the same, until the top-1 accuracy drop on labelled held-out data is within POINTS."),
-        opt("--exclude-node", multiple=True, help="Keep this node in float (repeatable)."),
+        opt("--exclude-node", multiple=True, help="Keep this node in float (FP16: in FP32) (repeatable)."),
         opt("--exclude-block", type=int, multiple=True, help="Keep transformer block N in float (repeatable)."),
         opt("--keep-fp32", default=",".join(DEFAULT_KEEP_FP32), show_default=True, metavar="OP[,OP]",
              help="FP16: op types kept in FP32 ('' for none)."),

@@ -33,6 +33,12 @@ def _describe(status) -> list[str]:
             lines.append(f"    ok          {c.path.name:<26}{size}  sha256 {c.sha256}")
         else:
             lines.append(f"    {c.status.upper():<11} {c.path.name:<26}{size}  {c.reason}; {c.remedy}")
+    for kind, rec in m.precisions.items():
+        if rec.fp32_nodes:  # FP16 parts kept in FP32 by their measured ranges
+            top = max((float(k.get("max") or 0) for k in rec.fp32_nodes), default=0.0)
+            lines.append(f"  fp32      {kind}: {len(rec.fp32_nodes)} nodes kept in FP32 (tensors up to {top:.2g}): "
+                         + ", ".join(k.get("node", "?") for k in rec.fp32_nodes[:4])
+                         + (f" and {len(rec.fp32_nodes) - 4} more" if len(rec.fp32_nodes) > 4 else ""))
     for p in status.orphans:
         lines.append(f"  STALE     {p.name}: a sidecar without its plan")
     if status.rejected:

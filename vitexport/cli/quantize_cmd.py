@@ -43,10 +43,8 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
     precision = one_flag(fp16=fp16, int8=int8, fp8=fp8)
     if precision is None:
         raise click.UsageError("Choose --fp16, --int8 or --fp8.")
-    if precision == "fp16" and (calib.data or calib.samples):
-        log.warn("--calib-data/--calib-samples only matter for --int8 and --fp8; FP16 needs no calibration.")
-    if precision == "fp16" and (calib.int8.target() or calib.int8.smoothquant is not None):
-        raise click.UsageError("--min-cos, --max-drop and --smoothquant are for --int8 and --fp8.")
+    if precision == "fp16" and calib.int8.smoothquant is not None:
+        raise click.UsageError("--smoothquant is for --int8 and --fp8.")
     kinds = TARGETS[precision][graph_target]
     if (json_path or plot_path) and not sensitivity:
         raise click.UsageError("--json and --plot write what --sensitivity measures; add --sensitivity.")

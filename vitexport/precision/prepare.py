@@ -21,7 +21,8 @@ from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_
 from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, open_validation
 from .check import check_against_fp32, fp32_reference
-from .convert import convert_fp16, graph_precision
+from .convert import graph_precision
+from .fp16 import write_fp16
 from .groups import without, without_nodes
 from .int8 import (
     QDQ_KINDS,
@@ -100,14 +101,8 @@ def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manife
     key, reused, verdict = None, None, None
     with atomic_path(out_path, suffix=".onnx") as tmp:
         if precision in FP16_KINDS:
-            keep = tuple(opts.keep_fp32) if precision == "fp16" else ()  # the TensorRT graph keeps no op type
-            kept = measured_keep(fp32, fp32_sha, manifest, opts, folder.calib_cache, log,
-                                 tuple(opts.int8.exclude_nodes))
-            what = "mixed FP16" if precision == "fp16" else "FP16 for TensorRT"
-            with log.step(f"Converting to {what} (kept in FP32: {', '.join(keep) or 'no op type'}, "
-                          f"{len(kept)} nodes by their ranges)"):
-                convert_fp16(fp32, tmp, keep, tuple(k.node for k in kept))
-            record.keep_fp32, record.fp32_nodes = list(keep), [k.to_dict() for k in kept]
+            bounds = write_fp16(precision, fp32, fp32_sha, tmp, manifest, opts, held, folder.calib_cache, record, log)
+            opts = replace(opts, thresholds=bounds or opts.thresholds)
         else:
             key, reused, verdict = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, held, log)
         if held is not None:
