@@ -298,4 +298,10 @@ def test_the_placement_is_recorded_and_a_change_remakes_the_graph(graphs):
     run_quantize(folder, "int8-trt", default)
     record = folder.read_manifest().precisions["int8-trt"]
     assert record.qdq["placement"] == "vitexport" and record.qdq["quantized_gemms"] == 17
-    assert len(list(folder.calib_cache("x").parent.glob("*.json"))) == 2  # ModelOpt's tensors: their own entry
+    import json
+
+    from vitexport.precision.int8 import CACHE_FORMAT
+
+    entries = [json.loads(p.read_text()) for p in folder.calib_cache("x").parent.glob("*.json")]
+    # ModelOpt's tensors: their own entry (beside them, the FP16 remainder's tensor ranges: precision.ranges)
+    assert sum(e.get("format") == CACHE_FORMAT for e in entries) == 2
