@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -96,7 +97,7 @@ def compare(name: str, folder: Path, modelopt_python: str, tmp: Path) -> dict:
     x = np.stack([load_image(f, pp) for f in held[:: max(1, len(held) // 64)]])
     run_quantize(folder, "fp16-trt")
     np.savez(tmp / "calib.npz", **{inp: calib})
-    out = tmp / f"{name}.autocast.onnx"
+    out = tmp / (re.sub(r"[^A-Za-z0-9]+", "-", name) + ".autocast.onnx")
     subprocess.run([modelopt_python, "-c", AUTOCAST, str(folder / "model.onnx"), str(tmp / "calib.npz"), str(out)],
                    check=True)
     fp32 = folder / "model.onnx"
