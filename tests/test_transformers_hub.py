@@ -61,21 +61,22 @@ def test_the_hub_export_is_transformers_model(tower):
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c not in TOWERS])
-def test_every_class_through_an_offline_cache(case, tmp_path, monkeypatch):
-    """The classes the tower fixture does not take: the export of the repository equals transformers' model."""
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_class_is_the_same_model_through_an_offline_cache(case, tmp_path, monkeypatch):
+    """Each class's folder published as a repository (offline): the hub reference describes the model exactly as
+    the folder does (same architecture fields, preprocessing and resampling), and fetches the same weights. The
+    export from a folder is checked against transformers in test_transformers_towers, and two towers' exports from
+    the cache above."""
+    from vitexport.model.spec import user_spec
+
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model, _ = save_tower(case, tmp_path / "saved", seed=7)
+    save_tower(case, tmp_path / "saved", seed=7)
     publish(tmp_path / "cache", f"org/{case}", tmp_path / "saved")
-    r = CliRunner().invoke(cli, ["onnx", "-c", f"hf-hub:org/{case}", "-o", str(tmp_path / "out"), "-q"])
-    assert r.exit_code == 0, r.output
-    h, w = json.loads((tmp_path / "out" / "manifest.json").read_text())["img_size"]
-    x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        want = getattr(model(pixel_values=x), CASES[case][3]).numpy()
-    got = run_onnx(tmp_path / "out" / "model.onnx", x.numpy())
-    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max())), case
+    hub, local = user_spec(None, f"hf-hub:org/{case}"), user_spec(None, tmp_path / "saved")
+    assert hub.arch.args == local.arch.args and hub.preprocess == local.preprocess and hub.img_size == local.img_size
+    assert hub.pos_embed_interp == local.pos_embed_interp
+    assert hub.resolved_checkpoint().read_bytes() == (tmp_path / "saved" / "model.safetensors").read_bytes()
 
 
 def test_int8_for_every_target_and_fp16_pass_their_checks(tower):

@@ -127,16 +127,6 @@ def test_the_manifest_preprocesses_as_the_processor_does(exported):
     assert np.abs(got - want).max() < 1e-4, case
 
 
-def test_names_come_from_id2label(tmp_path):
-    model_cls, labels = "ViTForImageClassification", {i: f"kind {i}" for i in range(5)}
-    cfg = transformers.ViTConfig(**VIT, num_labels=5, id2label=labels, label2id={v: k for k, v in labels.items()})
-    perturb(getattr(transformers, model_cls)(cfg)).save_pretrained(tmp_path / "saved")
-    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "saved"), "-o", str(tmp_path / "out"), "-q"])
-    assert r.exit_code == 0, r.output
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["labels"]["names"] == [f"kind {i}" for i in range(5)]
-
-
 def test_a_folder_without_a_processor_says_which_preprocessing_it_assumed(tmp_path):
     model = perturb(transformers.Dinov2Model(transformers.Dinov2Config(**DINO)))
     model.save_pretrained(tmp_path / "saved")
