@@ -106,20 +106,12 @@ def check(repo: str, tmp: Path) -> dict:
             "wall_s": wall, "rss_mb": rss}
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def write(rows: list[dict], baseline: tuple[float, float], path: Path) -> None:
     import os
 
     import transformers
+
+    from vitexport.environment import cpu_model
 
     lines = ["# transformers' vision towers at their published sizes", "",
              "Made by `scripts/hf_towers_check.py` (do not edit by hand). Each model was built by transformers from "
@@ -129,7 +121,7 @@ def write(rows: list[dict], baseline: tuple[float, float], path: Path) -> None:
              "images. *rel. error* is max abs / max(1, |output|) (the tests' bound is 1e-4); *pixels* is the largest "
              "difference between the manifest's preprocessing and the image processor's PIL implementation on a "
              "451x300 photo, in normalised units.", "",
-             f"transformers {transformers.__version__}, torch {torch.__version__}; {cpu_name()}, "
+             f"transformers {transformers.__version__}, torch {torch.__version__}; {cpu_model()}, "
              f"{os.cpu_count()} cores. Memory baseline: `vitexport onnx -m vit_base_patch16_224` (timm's ViT-B/16 by "
              f"name, random weights) took {baseline[0]:.0f} s at a peak RSS of {baseline[1]:,.0f} MB.", "",
              "| repository (its config) | class | output | input | params (M) | rel. error | pixels | export s | "

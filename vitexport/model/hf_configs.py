@@ -9,6 +9,7 @@ the CLI resolves a model before anything heavy is imported.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -90,8 +91,6 @@ def _int(get: Callable[[str], Any], key: str, where: str) -> int:
 
 def mlp_ratio(width: int, hidden: int) -> float:
     """A ratio r with int(width * r) == hidden exactly (how the MLP's width is computed from it)."""
-    import math
-
     r = hidden / width
     while int(width * r) < hidden:
         r = math.nextafter(r, math.inf)
