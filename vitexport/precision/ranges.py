@@ -33,12 +33,13 @@ from ..errors import VitexportError
 FP16_MAX = 65504.0
 MARGIN = 16.0
 SAFE_MAX = FP16_MAX / MARGIN  # a tensor reaching this on the calibration images is kept out of FP16
-_REDUCED = "__vx_absmax"  # suffix of the scalar outputs added to the observed graph
+_REDUCED = ("__vx_max", "__vx_min")  # suffixes of the two scalar outputs added per observed tensor
 RANGES_FORMAT = "vitexport-ranges/1"  # the calibration cache's file of tensor maxima
 
 
 def reduced_model_bytes(model_path: Path, elem_types: tuple[int, ...] | None = None) -> tuple[bytes, list[str]]:
-    """The model with one scalar output per float tensor (its largest |x|), serialized; and those tensors' names.
+    """The model with two scalar outputs per float tensor (its largest and smallest value), serialized; and those
+    tensors' names.
     The graph's own outputs stay first. Weights in external data stay there (the session reads them from the
     model's folder). elem_types: the tensor types observed (default FP32; an FP16 graph's: FP16 and FP32)."""
     import onnx
@@ -52,11 +53,22 @@ def reduced_model_bytes(model_path: Path, elem_types: tuple[int, ...] | None = N
     types = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.value_info, *graph.input, *graph.output)}
     produced = [i.name for i in graph.input] + [o for n in graph.node for o in n.output if o]
     names = list(dict.fromkeys(t for t in produced if types.get(t) in wanted))
+    wanted_names = set(names)
+    reductions: dict[str, list] = {}
     for k, t in enumerate(names):
-        a, m = f"{t}{_REDUCED}_abs", f"{t}{_REDUCED}"
-        graph.node.extend([helper.make_node("Abs", [t], [a], name=f"vx_abs_{k}"),
-                           helper.make_node("ReduceMax", [a], [m], name=f"vx_max_{k}", keepdims=0)])
-        graph.output.append(helper.make_tensor_value_info(m, types[t], []))
+        # the largest and the smallest value (their magnitudes give the largest |x|): no tensor-sized temporary
+        reductions[t] = [helper.make_node(op, [t], [f"{t}{sfx}"], name=f"vx_{op}_{k}", keepdims=0)
+                         for op, sfx in zip(("ReduceMax", "ReduceMin"), _REDUCED)]
+        graph.output.extend(helper.make_tensor_value_info(f"{t}{sfx}", types[t], []) for sfx in _REDUCED)
+    # each reduction right after the node that makes its tensor: ONNX Runtime runs nodes in this order, so a tensor
+    # is freed as soon as its readers and its reduction have run (appended at the end, every activation of the
+    # whole forward pass would be alive at once)
+    ordered = [r for i in graph.input if i.name in wanted_names for r in reductions[i.name]]
+    for node in graph.node:
+        ordered.append(node)
+        ordered += [r for o in node.output if o in wanted_names for r in reductions.pop(o, [])]
+    del graph.node[:]
+    graph.node.extend(ordered)
     return model.SerializeToString(), names
 
 
@@ -67,20 +79,30 @@ def tensor_maxima(model_path: Path, batches: Iterable[np.ndarray], input_name: s
 
     data, names = reduced_model_bytes(Path(model_path))
     sess = create_session(data, threads=threads, external_folder=Path(model_path).parent)
-    outputs = [f"{t}{_REDUCED}" for t in names]
     top = np.zeros(len(names), np.float64)
     n = 0
     for x in batches:
-        got = sess.run(outputs, {input_name: np.ascontiguousarray(x, dtype=np.float32)})
-        top = np.fmax(top, np.abs(np.asarray(got, dtype=np.float64)))  # NaN-proof: fmax ignores a NaN side
-        bad = ~np.isfinite(np.asarray(got, dtype=np.float64))
-        top[bad] = np.inf
+        top = np.maximum(top, _abs_max(sess, names, input_name, x))
         n += len(x)
         if tick is not None:
             tick(len(x))
     if n == 0:
         raise VitexportError("No calibration inputs were given to measure the tensors' ranges.")
     return dict(zip(names, map(float, top))), n
+
+
+def _abs_max(sess, names: list[str], input_name: str, x: np.ndarray) -> np.ndarray:
+    """Each tensor's largest |x| over the images of `x` (inf where it is NaN or Inf), run one image at a time: a
+    session that returns every tensor's reductions keeps more of them alive than a plain forward pass, so one
+    image's activations is the memory it needs."""
+    outputs = [f"{t}{sfx}" for t in names for sfx in _REDUCED]
+    top = np.zeros(len(names), np.float64)
+    for i in range(len(x)):
+        got = np.asarray(sess.run(outputs, {input_name: np.ascontiguousarray(x[i:i + 1], dtype=np.float32)}),
+                         dtype=np.float64).reshape(len(names), 2)
+        mag = np.abs(got).max(axis=1)
+        top = np.maximum(top, np.where(np.isfinite(got).all(axis=1), mag, np.inf))
+    return top
 
 
 @dataclass(frozen=True)
@@ -166,10 +188,8 @@ def first_non_finite(model_path: Path, batches: Iterable[np.ndarray], input_name
     # otherwise compute a chain of FP16 ops in FP32 and never overflow where TensorRT does); basic optimizations
     # run an FP8 graph as it is written (optimization_for)
     sess = create_session(data, external_folder=Path(model_path).parent, optimize="basic")
-    outputs = [f"{t}{_REDUCED}" for t in names]
     for x in batches:
-        got = sess.run(outputs, {input_name: np.ascontiguousarray(x, dtype=np.float32)})
-        bad = {t for t, v in zip(names, got) if not np.isfinite(np.asarray(v, dtype=np.float64)).all()}
+        bad = {t for t, v in zip(names, _abs_max(sess, names, input_name, x)) if not np.isfinite(v)}
         if bad:
             break
     else:
