@@ -31,11 +31,16 @@ def graph_precision(path: Path) -> str:
         from ..tensorrt_engine.fusion import FP8_TYPES
 
         return "fp8" if any(i.data_type in FP8_TYPES for i in model.graph.initializer) else "int8"
-    if any(init.data_type == onnx.TensorProto.FLOAT16 for init in model.graph.initializer) or \
-            any(n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
-                for n in model.graph.node):
-        return "fp16"
-    return "fp32"
+    return "fp16" if computes_fp16(model) else "fp32"
+
+
+def computes_fp16(model) -> bool:
+    """Whether a graph holds FP16 weights or casts to FP16."""
+    import onnx
+
+    return any(init.data_type == onnx.TensorProto.FLOAT16 for init in model.graph.initializer) or \
+        any(n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
+            for n in model.graph.node)
 
 
 def to_fp16(fp32_model, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, source: Path | None = None,

@@ -14,7 +14,6 @@ checked as any FP16 graph is.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +21,9 @@ import numpy as np
 from ..errors import VitexportError
 from ..progress import QUIET, Log
 from .groups import Group
+from .ranges import NOT_COMPUTE, block_of
 from .sensitivity import FLAGS, Simulator, Target, measure, search
 
-_SHAPE_ONLY = {"Constant", "Shape", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Slice", "Concat",
-               "Identity", "Expand", "Flatten", "Split", "Cast"}
-_BLOCK = re.compile(r"^/?blocks\.(\d+)[./]")
 
 
 def regions(graph) -> list[Group]:
@@ -34,12 +31,12 @@ def regions(graph) -> list[Group]:
     members: dict[str, list[str]] = {}
     seen_block = False
     for node in graph.node:
-        if node.op_type in _SHAPE_ONLY:
+        if node.op_type in NOT_COMPUTE:
             continue
-        m = _BLOCK.match(node.name)
-        if m:
+        block = block_of(node.name)
+        if block is not None:
             seen_block = True
-            name = f"blocks.{m.group(1)}"
+            name = f"blocks.{block}"
         else:
             name = "head" if seen_block else "stem"
         members.setdefault(name, []).append(node.name)

@@ -21,7 +21,6 @@ and initializers over 65,504 (`init_max`), which keeps far more nodes in FP32 in
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -145,24 +144,29 @@ def fp32_nodes(graph, maxima: dict[str, float], weights: dict[str, float] | None
     return kept
 
 
-_BLOCK = re.compile(r"blocks?\.?(\d+)")
-
-
 def summary(kept: list[Kept], compute_nodes: int) -> str:
     """One line: '12 of 310 nodes kept in FP32 (blocks 2-11, final norm): their tensors reach 2.4e5 on the
     calibration images, FP16's limit with a 16x margin is 4.1e3'."""
     if not kept:
         return f"No node kept in FP32: every tensor stays under {SAFE_MAX:.3g} on the calibration images."
-    blocks = sorted({int(m.group(1)) for k in kept if (m := _BLOCK.search(k.node))})
+    numbers = [block_of(k.node) for k in kept]
+    blocks = sorted({b for b in numbers if b is not None})
     where = []
     if blocks:
         where.append(f"block{'s' if len(blocks) > 1 else ''} {_spans(blocks)}")
-    if any(not _BLOCK.search(k.node) for k in kept):
+    if None in numbers:
         where.append("outside the blocks")
     top = max(k.max for k in kept)
     reach = "Inf" if not np.isfinite(top) else f"{top:.2g}"
     return (f"{len(kept)} of {compute_nodes} nodes kept in FP32 ({', '.join(where)}): their tensors reach {reach} on "
             f"the calibration images; FP16 holds {FP16_MAX:.0f}, kept under {SAFE_MAX:.0f} ({MARGIN:.0f}x margin).")
+
+
+def block_of(node_name: str) -> int | None:
+    """The transformer block a node of the exported graph belongs to (groups.group_of), None outside them."""
+    from .groups import group_of, module_of
+
+    return group_of(module_of(node_name))[0]
 
 
 def _spans(ids: list[int]) -> str:
@@ -234,12 +238,12 @@ def measured_keep(fp32: Path, fp32_sha: str, manifest, opts, cache_for: Callable
         raise VitexportError(f"--exclude-node: the graph has no node {unknown[0]!r}.")
     kept += [Kept(e, ops[e], "", 0.0) for e in extra if e not in names]  # the user's: no range behind them
     if kept:
-        log.warn(summary(kept, sum(1 for n in graph.node if n.op_type not in _NOT_COMPUTE)))
+        log.warn(summary(kept, sum(1 for n in graph.node if n.op_type not in NOT_COMPUTE)))
     return kept
 
 
-_NOT_COMPUTE = ("Constant", "Shape", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Slice", "Concat",
-                "Cast", "Identity", "Expand", "Flatten", "Split")
+NOT_COMPUTE = frozenset({"Constant", "Shape", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Slice",
+                         "Concat", "Cast", "Identity", "Expand", "Flatten", "Split"})  # moves or casts, no arithmetic
 
 
 def _cached_maxima(cache: Path) -> dict[str, float] | None:
@@ -268,13 +272,12 @@ def _write_maxima(cache: Path, maxima: dict[str, float], samples: int) -> None:
 
 
 def stores_fp16(graph_path: Path) -> bool:
-    """Whether a graph holds FP16 weights or casts to FP16 (convert.graph_precision's test, any Q/DQ included)."""
+    """Whether a graph holds FP16 weights or casts to FP16, any Q/DQ included."""
     import onnx
 
-    model = onnx.load(str(graph_path), load_external_data=False)
-    return any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer) or any(
-        n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
-        for n in model.graph.node)
+    from .convert import computes_fp16
+
+    return computes_fp16(onnx.load(str(graph_path), load_external_data=False))
 
 
 def overflow_hint(graph_path: Path, held, input_name: str) -> str:
