@@ -1,6 +1,7 @@
 import functools
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,7 @@ def load_script(name: str):
 
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -25,6 +25,16 @@ class Latency:
     h2d_ms: float | None = None  # host -> device copy of the input, measured apart
     d2h_ms: float | None = None  # device -> host copy of the output, measured apart
     relative_to_reference: float | None = None  # throughput / PyTorch FP32 eager throughput, same batch
+    # a served model under load (bench/load.py): requests in flight, and what the server says of them
+    concurrency: int | None = None
+    stable: bool | None = None  # the last three measurement windows agreed within 10 %
+    windows: int | None = None
+    p95_ms: float | None = None
+    requests: int | None = None  # sent during the measurement
+    server_requests: int | None = None  # the server's statistics: requests it answered in that time ...
+    server_inferences: int | None = None  # ... and images
+    server_queue_ms: float | None = None  # per request, queued in the server
+    server_compute_ms: float | None = None  # per request, computing (input, inference, output)
 
 
 def _percentile(values: list[float], q: float) -> float:

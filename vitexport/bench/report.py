@@ -57,6 +57,10 @@ class BenchRow:
     acc_drop_high: float | None = None
     flips_down: int | None = None
     flips_up: int | None = None
+    concurrency: int | None = None  # a served model: requests in flight while timed
+    stable: bool | None = None  # its measurement windows agreed within 10 %
+    server_queue_ms: float | None = None  # per request, from the server's statistics
+    server_compute_ms: float | None = None
 
 
 def rows(report: BenchReport) -> list[BenchRow]:
@@ -80,6 +84,9 @@ def rows(report: BenchReport) -> list[BenchRow]:
                 cos_min=st.cos_min if st else None, cos_mean=st.cos_mean if st else None,
                 top1_agree=st.top1_agree if st else None, top5_agree=st.top5_agree if st else None,
                 acc=st.acc if st else None, parity=status, **ci,
+                **({} if lat is None or lat.concurrency is None else dict(
+                    concurrency=lat.concurrency, stable=lat.stable, server_queue_ms=lat.server_queue_ms,
+                    server_compute_ms=lat.server_compute_ms)),
             ))
     return out
 
@@ -92,7 +99,7 @@ def unavailable_lines(report: BenchReport) -> list[str]:
     """
     groups: dict[str, list[BackendResult]] = {}
     for r in report.results:
-        if not r.available:
+        if not r.available and not r.error:  # a served row that failed is said as a failure
             groups.setdefault(r.reason.split(", so ")[0], []).append(r)
     out = []
     for cause, members in groups.items():
@@ -157,15 +164,19 @@ def print_table(report: BenchReport, console=None) -> None:
              f"{report.data['source']} - reference: {report.reference}")
     t = Table(title=title, title_justify="left")
     labelled = report.data["labelled"]
-    for col, kw in [("backend", {}), ("batch", {"justify": "right"}), ("mean ms", {"justify": "right"}),
+    table = rows(report)
+    loaded = any(row.concurrency is not None for row in table)  # a served model: the concurrency of each timing
+    for col, kw in [("backend", {}), ("batch", {"justify": "right"})] + ([("conc", {"justify": "right"})] if loaded
+                                                                         else []) + [("mean ms", {"justify": "right"}),
                     ("p50", {"justify": "right"}), ("p99", {"justify": "right"}), ("img/s", {"justify": "right"}),
                     ("vs ref", {"justify": "right"}), ("max abs", {"justify": "right"}),
                     ("cos min", {"justify": "right"}), ("top-1 agree %", {"justify": "right"})] + (
             [("top-1 acc % (95% CI)", {"justify": "right"}), ("drop pts [95% CI] down/up", {"justify": "right"})]
             if labelled else []) + [("parity", {})]:
         t.add_column(col, **kw)
-    for row in rows(report):
-        cells = [row.backend, _fmt(row.batch, "d"), _fmt(row.mean_ms, ".2f"), _fmt(row.p50_ms, ".2f"),
+    for row in table:
+        cells = [row.backend, _fmt(row.batch, "d")] + ([_conc(row)] if loaded else []) + [
+                 _fmt(row.mean_ms, ".2f"), _fmt(row.p50_ms, ".2f"),
                  _fmt(row.p99_ms, ".2f"), _fmt(row.throughput, ".1f"), _ratio(row.vs_reference),
                  _fmt(row.max_abs, ".2e"), _fmt(row.cos_min, ".5f"),
                  _with_interval(row.top1_agree, row.top1_agree_low, row.top1_agree_high, 1)]
@@ -183,6 +194,10 @@ def print_table(report: BenchReport, console=None) -> None:
             console.print(f"  [{style}]{r.name}: {what}: {escape('; '.join(r.parity.problems()))}[/{style}]")
         if r.available and "not_timed" in r.info:
             console.print(f"  [dim]{r.name}: parity only: {escape(r.info['not_timed'])}[/dim]")
+    for r in report.results:
+        if r.error:
+            console.print(f"  [red]FAIL {escape(r.name)}: {escape(r.error)}[/red]")
+    _print_served(report, console)
     for a in _wrong_artifacts(report):  # present but not the file its record describes: a failure, not 'unavailable'
         console.print(f"  [red]FAIL {escape(a['file'])} ({a['status']}): {escape(a['reason'])}; "
                       f"{escape(a['remedy'])}[/red]")
@@ -200,6 +215,34 @@ def print_table(report: BenchReport, console=None) -> None:
     env = report.environment
     console.print(f"  CPU: {escape(env['cpu'])} ({env['threads']} threads); GPU: "
                   f"{env['gpu']['name'] if env['gpu'] else 'none'}; wall time {report.wall_s:.0f}s")
+
+
+def _conc(row: BenchRow) -> str:
+    """'8', or '8*' for a measurement whose windows never agreed within 10 %."""
+    return "-" if row.concurrency is None else f"{row.concurrency}{'' if row.stable else '*'}"
+
+
+def served_lines(report: BenchReport) -> list[str]:
+    """Per served row and load: the server's own time per request and its count against the client's."""
+    out = []
+    for r in report.results:
+        for lat in r.latency if r.available else ():
+            if lat.concurrency is None:
+                continue
+            server = "no statistics from the server" if lat.server_requests is None else (
+                f"server: {lat.server_requests:,} requests, {lat.server_inferences:,} images; per request "
+                f"{lat.server_queue_ms or 0:.2f} ms queued, {lat.server_compute_ms or 0:.2f} ms computing")
+            out.append(f"{r.name} batch {lat.batch} x {lat.concurrency} in flight: {lat.requests:,} requests sent, "
+                       f"{lat.windows} windows{'' if lat.stable else ' (unstable: *)'}, p95 {lat.p95_ms:.2f} ms; "
+                       f"{server}")
+    return out
+
+
+def _print_served(report: BenchReport, console) -> None:
+    from rich.markup import escape
+
+    for line in served_lines(report):
+        console.print(f"  [dim]{escape(line)}[/dim]")
 
 
 def skipped_count(data: dict) -> int:
@@ -253,7 +296,7 @@ def to_markdown(report: BenchReport) -> str:
     ]
     for r in rows(report):
         lines.append(
-            f"| {r.backend} | {_fmt(r.batch, 'd')} | {_fmt(r.mean_ms, '.2f')} | {_fmt(r.p50_ms, '.2f')} | "
+            f"| {r.backend} | {_fmt(r.batch, 'd')}{'' if r.concurrency is None else f' x{_conc(r)}'} | {_fmt(r.mean_ms, '.2f')} | {_fmt(r.p50_ms, '.2f')} | "
             f"{_fmt(r.p90_ms, '.2f')} | {_fmt(r.p99_ms, '.2f')} | {_fmt(r.throughput, '.1f')} | "
             f"{_ratio(r.vs_reference, '')} | {_fmt(r.max_abs, '.2e')} | {_fmt(r.cos_min, '.5f')} | "
             f"{_with_interval(r.top1_agree, r.top1_agree_low, r.top1_agree_high, 1)} | "
@@ -261,6 +304,10 @@ def to_markdown(report: BenchReport) -> str:
     unavailable = unavailable_lines(report)
     if unavailable:
         lines += ["", "Unavailable:", ""] + [f"- {line}" for line in unavailable]
+    if served := served_lines(report):
+        lines += ["", "Served models under load (concurrency: requests in flight):", ""] + [f"- {x}" for x in served]
+    if errors := [r for r in report.results if r.error]:
+        lines += ["", "Served models that failed:", ""] + [f"- {r.name}: {r.error}" for r in errors]
     failed = [r for r in report.results if r.missed_parity and r.parity is not None]
     if failed:
         lines += ["", "Parity misses and undecided bounds:", ""] + [
@@ -308,7 +355,7 @@ def plot(report: BenchReport, path: Path) -> None:
             continue
         err = None if lo is None else [[(y - lo) * 100], [(hi - y) * 100]]
         ax.errorbar([row.throughput], [y * 100], yerr=err, marker="o", capsize=3, linestyle="none",
-                    label=f"{row.backend} b{row.batch}")
+                    label=f"{row.backend} b{row.batch}" + (f" c{row.concurrency}" if row.concurrency else ""))
         points.append((row.throughput, y * 100))
     front = pareto(points)
     if front:

@@ -32,6 +32,7 @@ from ..preflight import check_batches
 from ..progress import QUIET, Log
 from ..validate.evaluate import Evaluation, ValidationSet, evaluate, open_validation
 from .latency import Latency, measure_latency
+from .served import EndpointOptions, endpoint_runners, partial, probe, time_served
 
 PREPARED_KINDS = ("fp16", "int8", "int8-trt")  # ONNX kinds the bench makes when missing (unless --no-prepare) ...
 GPU_PREPARED_KINDS = ("fp16-trt",)  # ... and, with a CUDA GPU, for ONNX Runtime's TensorRT provider
@@ -58,6 +59,7 @@ class BenchOptions:
     max_images: int | None = None  # this many images spread evenly over --data (None: every one)
     img_sizes: tuple[tuple[int, int], ...] | None = None  # a dynamic-size export: bench at each (None: its default)
     workers: int | None = None  # decoding threads (None: data.stream.default_workers)
+    endpoints: EndpointOptions = field(default_factory=EndpointOptions)  # served models (bench/served.py)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class BackendResult:
     per_class: list[dict] = field(default_factory=list)  # labelled data: top-1 per class, reference and this
     timing: dict = field(default_factory=dict)  # the parity pass: inference and input-reading seconds, images/s
     img_size: tuple[int, int] | None = None  # a dynamic-size export benched at several sizes: this row's
+    error: str = ""  # a served row that stopped part-way: why, and how far it got (a failure of the bench)
 
     @property
     def missed_parity(self) -> bool:
@@ -85,7 +88,8 @@ class BackendResult:
                 "provider": self.provider, "available": self.available, "reason": self.reason, "info": self.info,
                 "parity": None if self.parity is None else self.parity.to_dict(),
                 "latency": [asdict(lt) for lt in self.latency], "per_class": self.per_class, "timing": self.timing,
-                **({} if self.img_size is None else {"img_size": list(self.img_size)})}
+                **({} if self.img_size is None else {"img_size": list(self.img_size)}),
+                **({"error": self.error} if self.error else {})}
 
 
 @dataclass
@@ -114,7 +118,8 @@ class BenchReport:
         return ([f"parity missed by {', '.join(missed)}"] if missed else []) + \
             ([f"parity inconclusive for {', '.join(undecided)} on {self.data['n_parity']:,} images (too few to decide "
               "the accuracy bound; docs/PARITY.md)"] if undecided else []) + \
-            [f"{Path(a['file']).name} {a['reason']}" for a in self.artifacts if a.get("status", "ok") != "ok"]
+            [f"{Path(a['file']).name} {a['reason']}" for a in self.artifacts if a.get("status", "ok") != "ok"] + \
+            [f"{r.name} failed: {r.error}" for r in self.results if r.error]
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -220,10 +225,16 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
                  ref: _Reference, log: Log) -> BackendResult:
     """Load, parity on every input, latency per batch, close: one row of the report."""
     res = BackendResult(runner.name, runner.backend, runner.precision, runner.device, runner.provider, False)
+    served = getattr(runner, "endpoint", False)
     try:
         runner.load()
     except BackendUnavailable as e:
         res.reason = str(e)  # listed once, under the table
+        return res
+    except VitexportError as e:
+        if not served:
+            raise
+        res.reason = res.error = str(e)  # a server that went away since it was probed
         return res
     res.available, res.info = True, dict(runner.info)
     try:
@@ -233,7 +244,11 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
             res.per_class, res.timing = ev.per_class, ev.timing()
             if not runner.timed:
                 res.info["not_timed"] = "the graph is shaped for another runtime; its speed here means nothing"
-            for b in batches if runner.timed else ():
+            if served:
+                res.latency = time_served(runner, vset.inputs.sample, batches, opts.endpoints, opts.min_time,
+                                          opts.warmup, log)
+                _relative(res.latency, ref)
+            for b in batches if runner.timed and not served else ():
                 lo, hi = runner.batch_range or (1, b)
                 if not lo <= b <= hi:
                     res.info.setdefault("skipped_batches", []).append(b)
@@ -248,10 +263,20 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
     except BackendUnavailable as e:
         res.available, res.reason = False, str(e)
     except (VitexportError, ValueError) as e:  # ValueError: an output of another shape than the reference
-        res.available, res.reason = False, f"failed: {e}"
+        if served and isinstance(e, VitexportError):  # what it measured stays; the bench fails
+            res.error = partial(runner, len(vset), e)
+            res.available, res.reason = res.parity is not None, res.error
+        else:
+            res.available, res.reason = False, f"failed: {e}"
     finally:
         runner.close()
     return res
+
+
+def _relative(latencies: list[Latency], ref: _Reference) -> None:
+    for lat in latencies:
+        if lat.batch in ref.throughput:
+            lat.relative_to_reference = lat.throughput / ref.throughput[lat.batch]
 
 
 def _data(vset: ValidationSet) -> dict:
@@ -308,6 +333,11 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
     if opts.backends:
         runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends)
                    or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu")]
+    served = endpoint_runners(manifest, opts.endpoints)  # asked for by URL: kept whatever --backend says
+    if served and sizes != [None]:
+        raise VitexportError("--endpoint benches the served model at the export's own size; leave out --img-size.")
+    probe(served, log)
+    runners += served
     wrong = {c.path: c for c in checks if c.problem}
     results: list[BackendResult] = []
     data, reference = {}, []
@@ -339,7 +369,9 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
         thresholds={p: (opts.thresholds.get(p) or th).to_dict() for p, th in DEFAULT_THRESHOLDS.items()},
         options={"batches": list(batches), "iterations": opts.iterations, "min_time": opts.min_time,
                  **({} if sizes == [None] else {"img_sizes": [list(s) for s in sizes]}),
-                 "warmup": opts.warmup, "threads": threads, "strict": opts.strict, "max_images": opts.max_images},
+                 "warmup": opts.warmup, "threads": threads, "strict": opts.strict, "max_images": opts.max_images,
+                 **({"concurrency": list(opts.endpoints.concurrency), "timeout_s": opts.endpoints.timeout}
+                    if served else {})},
         results=results,
         wall_s=time.perf_counter() - t_start,
     )

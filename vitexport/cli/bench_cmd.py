@@ -93,6 +93,45 @@ BENCH = OptionGroup(
 )
 
 
+def _endpoint_options(endpoints, endpoint_model, endpoint_version, endpoint_precision, concurrency, timeout):
+    """bench/served.EndpointOptions' fields; every URL checked before any work."""
+    if not endpoints:
+        given = [flag for flag, v in (("--endpoint-model", endpoint_model), ("--endpoint-version", endpoint_version),
+                                      ("--endpoint-precision", endpoint_precision),
+                                      ("--concurrency", concurrency)) if v]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} describe(s) a served model; give its --endpoint URL too.")
+    from ..backends.endpoint import parse_endpoint
+
+    for url in endpoints:
+        parse_endpoint(url)
+    return dict(urls=tuple(dict.fromkeys(endpoints)), model=endpoint_model, version=endpoint_version or "",
+                precision=endpoint_precision, timeout=timeout,
+                **({"concurrency": tuple(dict.fromkeys(concurrency))} if concurrency else {}))
+
+
+ENDPOINT = OptionGroup(
+    "endpoint",
+    lambda: [
+        opt("--endpoint", "endpoints", multiple=True, metavar="URL",
+            help="A served model to bench as well: http://HOST:PORT or grpc://HOST:PORT of a Triton (KServe v2) "
+                 "server (repeatable). Its metadata is checked against the folder, its answers judged like every "
+                 "row, its latency measured under load (--concurrency); a failure exits non-zero."),
+        opt("--endpoint-model", default=None, metavar="NAME",
+            help="The model's name on the server. Default: the name `vitexport triton` gives, "
+                 "<variant>-<precision>."),
+        opt("--endpoint-version", default=None, metavar="V", help="Its version. Default: the server's latest."),
+        opt("--endpoint-precision", type=click.Choice(["fp32", "fp16", "int8"]), default=None,
+            help="The bounds to judge it by. Default: what its name ends with (-fp16, -int8), else fp32."),
+        opt("--concurrency", type=click.IntRange(min=1), multiple=True,
+            help="Requests kept in flight while timing a served model (repeatable). Default: 1 and 8."),
+        opt("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+            help="Seconds any one call to a server may take."),
+    ],
+    _endpoint_options,
+)
+
+
 @dataclass
 class ReportFiles:
     json: Path | None = None
@@ -116,11 +155,11 @@ REPORT = OptionGroup(
 
 
 @click.command("bench")
-@use(TARGET, MODEL, BENCH)
+@use(TARGET, MODEL, BENCH, ENDPOINT)
 @click.option("--no-prepare", is_flag=True,
               help="Do not export or convert missing artifacts: bench only what exists (missing ones are listed).")
 @use(REPORT, QUIET)
-def bench_command(target, spec, opts, no_prepare, files, log):
+def bench_command(target, spec, opts, endpoint, no_prepare, files, log):
     """Run every available backend on the same inputs: parity against PyTorch FP32, and latency.
 
     MODEL_DIR is an exported model folder. Without it, the folder of --model (default: the default
@@ -131,9 +170,10 @@ def bench_command(target, spec, opts, no_prepare, files, log):
     check_bench(target, spec, opts["batches"])  # a --batch that cannot fit: refused before torch is even loaded
     from ..bench.report import print_table, skipped_count, write_outputs
     from ..bench.run import BenchOptions, prepare_bench, run_bench
+    from ..bench.served import EndpointOptions
 
     sizes = spec.bench_sizes if target is not None or len(spec.bench_sizes) > 1 else ()
-    opts = BenchOptions(**opts, img_sizes=sizes or None)
+    opts = BenchOptions(**opts, img_sizes=sizes or None, endpoints=EndpointOptions(**endpoint))
     folder = prepare_bench(target, spec, prepare=not no_prepare, log=log)
     report = run_bench(folder, opts, log)
     print_table(report)
@@ -149,6 +189,8 @@ def bench_command(target, spec, opts, no_prepare, files, log):
                           f"above and data.skipped in the JSON.")
     if not report.passed:
         msg = f"Failed: {'; '.join(report.failures())}."
+        if any(r.error for r in report.results):  # a served model asked for by URL failed: with or without --strict
+            raise VitexportError(msg)
         if opts.strict:
             raise ParityError(msg)
         click.echo(f"warning: {msg} (--strict makes this exit 1)", err=True)
