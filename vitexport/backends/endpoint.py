@@ -151,6 +151,7 @@ class EndpointRunner(Runner):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
         self._lib: Any = None
+        self._exception: type[Exception] = Exception
 
     @property
     def where(self) -> str:
@@ -190,7 +191,10 @@ class EndpointRunner(Runner):
                                 "--endpoint-version).")
         kw = {"as_json": True} if grpc else {}
         meta = await c.get_model_metadata(self.model, self.version, **kw)
-        config = await c.get_model_config(self.model, self.version, **kw)
+        try:  # Triton's model configuration extension; a plain KServe v2 server (OpenVINO Model Server) lacks it
+            config = await c.get_model_config(self.model, self.version, **kw)
+        except self._exception:
+            return meta, {}
         return meta, (config.get("config", config) if grpc else config)
 
     def _load(self) -> None:
@@ -202,7 +206,9 @@ class EndpointRunner(Runner):
         except (ImportError, RuntimeError):  # RuntimeError: tritonclient without this protocol's extra
             raise BackendUnavailable(f"benching {self.url} needs Triton's client for {self.protocol}: pip install "
                                      f"'tritonclient[{self.protocol}]' (or vitexport[endpoint])") from None
-        self._lib, self._loop = lib, asyncio.new_event_loop()
+        from tritonclient.utils import InferenceServerException
+
+        self._lib, self._exception, self._loop = lib, InferenceServerException, asyncio.new_event_loop()
         try:
             self._client = self.call(self._open(), "to a connection")
             meta, config = self.call(self._describe(), "the model's metadata")
