@@ -6,6 +6,7 @@ within --timeout, and the load figures checked against the server's own statisti
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -86,8 +87,9 @@ def _served_rows(report):
 def test_a_uint8_input_model_is_sent_the_pixels(served, tmp_path):
     server, folder = served
     r, report = bench(folder, tmp_path, "--endpoint", server.http, "--endpoint-model", "digits-uint8",
-                      "--endpoint", server.http, "--strict", "--max-images", "120")
+                      "--endpoint", server.http, "--strict", "--max-images", "120", "--shared-memory", "system")
     assert r.exit_code == 0, r.output
+    assert not list(Path("/dev/shm").glob("vitexport_*"))  # every region unlinked
     ref = next(row for row in report["results"] if row["name"] == report["reference"])
     (row,) = _served_rows(report)  # the same URL once
     assert row["info"]["input_dtype"] == "UINT8"  # pixels, normalised by the server
@@ -163,8 +165,11 @@ def test_a_server_that_does_not_answer_in_time_fails_the_row(served, tmp_path):
 def test_a_concurrency_sweep_is_counted_by_the_server_too(served, tmp_path):
     server, folder = served
     r, report = bench(folder, tmp_path, "--endpoint", server.grpc, "--batch", "2", "--concurrency", "1",
-                      "--concurrency", "4", "--concurrency", "8", "--min-time", "0.2", "--max-images", "16")
+                      "--concurrency", "4", "--concurrency", "8", "--min-time", "0.2", "--max-images", "16",
+                      "--shared-memory", "system")
     assert r.exit_code == 0, r.output
+    assert _served_rows(report)[0]["info"]["shared_memory"] == "system"
+    assert _served_rows(report)[0]["parity"]["top1_agree"] == 1.0  # each request in flight read its own answer
     lats = _served_rows(report)[0]["latency"]
     assert [(lat["batch"], lat["concurrency"]) for lat in lats] == [(2, 1), (2, 4), (2, 8)]
     for lat in lats:

@@ -196,3 +196,23 @@ def test_no_answer_within_the_timeout_is_one_sentence_in_time():
     assert time.monotonic() - t0 < 2
     r.close()
     assert r._loop is None
+
+
+def test_a_server_that_cannot_read_our_shared_memory_is_one_sentence_and_leaves_nothing():
+    """A server on another host cannot open this host's regions: registering fails; the region is unlinked."""
+    from pathlib import Path
+
+    from tritonclient.utils import InferenceServerException
+
+    class Remote(_Client):
+        async def register_system_shared_memory(self, name, key, byte_size):
+            raise InferenceServerException(f"Unable to open shared memory region: '{key}'")
+
+        async def unregister_system_shared_memory(self, name):
+            raise InferenceServerException("no such region")
+
+    r = _runner(Remote())
+    with pytest.raises(EndpointError, match="cannot read this host's shared memory .*Unable to open shared memory"):
+        r._open_shared_memory()
+    r.close()
+    assert not list(Path("/dev/shm").glob("vitexport_*"))

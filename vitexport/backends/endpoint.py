@@ -140,7 +140,7 @@ class EndpointRunner(Runner):
     endpoint = True  # bench/run.py: required (a failure fails the bench), timed under concurrent load
 
     def __init__(self, url: str, model: str, want: Expected, version: str = "", precision: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, shared_memory: bool = False) -> None:
         super().__init__()
         self.protocol, self.address = parse_endpoint(url)
         self.url, self.model, self.version, self.want, self.timeout = url.rstrip("/"), model, version, want, timeout
@@ -148,6 +148,8 @@ class EndpointRunner(Runner):
         self.device, self.provider = self.url, "triton-client"
         self.interface: Interface | None = None
         self.answered = 0  # images answered so far: a row that fails says how far it got
+        self.shared_memory = shared_memory  # inputs and outputs through system shared memory (same host)
+        self._shm: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
         self._lib: Any = None
@@ -213,6 +215,8 @@ class EndpointRunner(Runner):
             self._client = self.call(self._open(), "to a connection")
             meta, config = self.call(self._describe(), "the model's metadata")
             self.interface = check_interface(meta, config, self.want, self.where)
+            if self.shared_memory:
+                self._open_shared_memory()
         except BaseException:
             self._close()
             raise
@@ -220,10 +224,26 @@ class EndpointRunner(Runner):
         self.info = {"url": self.url, "model": self.model, "version": self.version or "latest",
                      "protocol": self.protocol, "platform": self.interface.platform,
                      "max_batch_size": self.interface.max_batch_size, "input_dtype": self.interface.input_dtype,
-                     "timeout_s": self.timeout}
+                     "timeout_s": self.timeout, "shared_memory": "system" if self.shared_memory else "none"}
+
+    def _open_shared_memory(self) -> None:
+        from .shared_memory import SystemSharedMemory
+
+        self._shm = SystemSharedMemory(self._client)
+        try:
+            self.call(self._shm.put_input(np.zeros(1, np.float32)), "to a shared memory region")
+        except EndpointError as e:
+            raise EndpointError(f"{self.where} cannot read this host's shared memory (--shared-memory system needs "
+                                f"the server on the same host): {e}") from None
 
     def _close(self) -> None:
         if self._loop is not None:
+            if self._shm is not None:
+                try:
+                    self._loop.run_until_complete(asyncio.wait_for(self._shm.close(), self.timeout))
+                except Exception:  # a dead server
+                    pass
+                self._shm = None
             if self._client is not None:
                 try:
                     self._loop.run_until_complete(asyncio.wait_for(self._client.close(), self.timeout))
@@ -237,16 +257,39 @@ class EndpointRunner(Runner):
         """The request's input tensor, made once per batch (pixels for a uint8-input model)."""
         assert self.interface is not None
         data = to_pixels(x, self.want.mean, self.want.std) if self.interface.input_dtype == "UINT8" else x
+        data = np.ascontiguousarray(data)
         tensor = self._lib.InferInput(self.want.input_name, list(data.shape), self.interface.input_dtype)
-        tensor.set_data_from_numpy(np.ascontiguousarray(data))
+        if self._shm is not None:
+            tensor.set_shared_memory(self.call(self._shm.put_input(data), "to a shared memory region"), data.nbytes)
+        else:
+            tensor.set_data_from_numpy(data)
         return tensor, len(x)
 
-    async def request(self, staged: Any, client: Any = None) -> np.ndarray:
+    async def request(self, staged: Any) -> np.ndarray:
         """One inference; the answer checked for shape and data type."""
         tensor, n = staged
-        wanted = [self._lib.InferRequestedOutput(self.want.output_name)]
-        result = await (client or self._client).infer(self.model, [tensor], self.version, outputs=wanted)
-        out = result.as_numpy(self.want.output_name)
+        wanted = self._lib.InferRequestedOutput(self.want.output_name)
+        if self._shm is None:
+            result = await self._client.infer(self.model, [tensor], self.version, outputs=[wanted])
+            return self._checked(result.as_numpy(self.want.output_name), n)
+        region = await self._shm.take_output(n * self.want.classes * 4)
+        try:
+            wanted.set_shared_memory(*region)
+            result = await self._client.infer(self.model, [tensor], self.version, outputs=[wanted])
+            told = result.get_output(self.want.output_name)  # HTTP: a dict; gRPC: its protobuf message
+            if isinstance(told, dict) or told is None:
+                told = told or {}
+                shape, dtype = tuple(int(d) for d in told.get("shape", ())), told.get("datatype")
+            else:
+                shape, dtype = tuple(int(d) for d in told.shape), told.datatype
+            if shape != (n, self.want.classes) or dtype not in ("FP32", "FP16"):
+                raise EndpointError(f"{self.where} answered a batch of {n} with {self.want.output_name} of shape "
+                                    f"{list(shape)} and type {dtype}, not [{n}, {self.want.classes}] float.")
+            return self._shm.read(region[0], np.dtype(np.float32 if dtype == "FP32" else np.float16), shape)
+        finally:
+            self._shm.give_back(region)
+
+    def _checked(self, out: np.ndarray | None, n: int) -> np.ndarray:
         if out is None or out.shape != (n, self.want.classes) or out.dtype not in (np.float32, np.float16):
             shape, dtype = (None, None) if out is None else (list(out.shape), out.dtype)
             raise EndpointError(f"{self.where} answered a batch of {n} with {self.want.output_name} of shape {shape} "

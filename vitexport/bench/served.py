@@ -28,6 +28,7 @@ class EndpointOptions:
     precision: str | None = None  # default: what the model's name says (`-int8`, `-fp16`), else fp32
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     timeout: float = DEFAULT_TIMEOUT
+    shared_memory: bool = False  # inputs and outputs through system shared memory (a server on this host)
 
 
 def expected(manifest: Manifest) -> Expected:
@@ -41,7 +42,8 @@ def endpoint_runners(manifest: Manifest, opts: EndpointOptions) -> list[Endpoint
     """One runner per URL, for the model the options name."""
     name = opts.model or f"{manifest.variant}-{opts.precision or 'fp32'}"
     want = expected(manifest)
-    return [EndpointRunner(url, name, want, opts.version, opts.precision, opts.timeout) for url in opts.urls]
+    return [EndpointRunner(url, name, want, opts.version, opts.precision, opts.timeout, opts.shared_memory)
+            for url in opts.urls]
 
 
 def probe(runners: list[EndpointRunner], log: Log = QUIET) -> None:

@@ -93,12 +93,14 @@ BENCH = OptionGroup(
 )
 
 
-def _endpoint_options(endpoints, endpoint_model, endpoint_version, endpoint_precision, concurrency, timeout):
+def _endpoint_options(endpoints, endpoint_model, endpoint_version, endpoint_precision, concurrency, timeout,
+                      shared_memory):
     """bench/served.EndpointOptions' fields; every URL checked before any work."""
     if not endpoints:
         given = [flag for flag, v in (("--endpoint-model", endpoint_model), ("--endpoint-version", endpoint_version),
                                       ("--endpoint-precision", endpoint_precision),
-                                      ("--concurrency", concurrency)) if v]
+                                      ("--concurrency", concurrency),
+                                      ("--shared-memory", shared_memory == "system")) if v]
         if given:
             raise click.UsageError(f"{', '.join(given)} describe(s) a served model; give its --endpoint URL too.")
     from ..backends.endpoint import parse_endpoint
@@ -106,7 +108,7 @@ def _endpoint_options(endpoints, endpoint_model, endpoint_version, endpoint_prec
     for url in endpoints:
         parse_endpoint(url)
     return dict(urls=tuple(dict.fromkeys(endpoints)), model=endpoint_model, version=endpoint_version or "",
-                precision=endpoint_precision, timeout=timeout,
+                precision=endpoint_precision, timeout=timeout, shared_memory=shared_memory == "system",
                 **({"concurrency": tuple(dict.fromkeys(concurrency))} if concurrency else {}))
 
 
@@ -127,6 +129,9 @@ ENDPOINT = OptionGroup(
             help="Requests kept in flight while timing a served model (repeatable). Default: 1 and 8."),
         opt("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
             help="Seconds any one call to a server may take."),
+        opt("--shared-memory", type=click.Choice(["none", "system"]), default="none", show_default=True,
+            help="system: send inputs and receive outputs through system shared memory registered with the server "
+                 "(a server on this host), as perf_analyzer's --shared-memory system does."),
     ],
     _endpoint_options,
 )
