@@ -172,14 +172,32 @@ class Server:
             return False
 
     def stop(self) -> None:
-        """By its process id: SIGTERM, then SIGKILL after 10 s (the python backend's stubs are its children)."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+        """By its process id: SIGTERM to its process group, then SIGKILL after 10 s. The group holds the python
+        backend's stubs too, which outlive a server that died (they are not told), so it is signalled even then."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break  # nothing left in the group
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+                continue
+            if not _group_alive(self.process.pid):
+                break
+            time.sleep(0.2)  # the stubs are told by the server's exit; give them a moment before SIGKILL
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (zombies, which only wait for a reaper, do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def start(repo: Path, venv: Path = DEFAULT_VENV, log: Path | None = None, timeout: float = 120.0) -> Server:

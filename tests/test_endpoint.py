@@ -70,7 +70,7 @@ def served(digits_export, tmp_path_factory):
     server = ts.start(repo, venv)
     yield server, folder
     server.stop()
-    assert server.process.poll() is not None  # stopped by its process id
+    assert server.process.poll() is not None and not ts._group_alive(server.process.pid)  # stubs and all
 
 
 def bench(folder, tmp_path, *args):
@@ -201,6 +201,7 @@ def test_a_server_that_dies_mid_run_ends_the_row_with_what_it_measured(digits_ex
         r, report = bench(folder, tmp_path, "--endpoint", server.http, "--timeout", "5", "--max-images", "64")
     finally:
         server.stop()
+    assert not ts._group_alive(server.process.pid)  # the stub the dead server left is stopped too
     assert r.exit_code == 2 and time.monotonic() - t0 < 60, r.output
     row = _served_rows(report)[0]
     assert "failed" in row["error"] and "after 24 of 64 images answered" in row["error"]

@@ -24,6 +24,7 @@ STABILITY = 0.10  # the last three windows within 10 % of their mean
 STABLE_WINDOWS = 3
 MIN_REQUESTS = 50  # answers per window, at least (perf_analyzer's count-windows default)
 MAX_WINDOWS = 10  # perf_analyzer's --max-trials
+SETTLE_S = 2.0  # the server counts a request just after answering it: its counters are read once they have caught up
 
 
 @dataclass
@@ -101,17 +102,30 @@ async def _measure(runner: EndpointRunner, staged, concurrency: int, window_s: f
     return windows, len(done)
 
 
+def settled(runner: EndpointRunner, since: dict | None, sent: int) -> dict | None:
+    """The server's counters once they count the `sent` requests answered since `since` (a server that others
+    use too may count more; one that never catches up is read as it is after SETTLE_S seconds)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        now = runner.statistics()
+        if now is None or since is None or now["requests"] - since["requests"] >= sent \
+                or time.monotonic() > deadline:
+            return now
+        time.sleep(0.01)
+
+
 def measure_load(runner: EndpointRunner, x: np.ndarray, concurrency: int, window_s: float = 1.0,
                  min_requests: int = MIN_REQUESTS, max_windows: int = MAX_WINDOWS, warmup: int = 2,
                  log: Log = QUIET) -> Latency:
     """`runner` at `concurrency` requests in flight, each a batch `x` (see the module's docstring)."""
     staged = runner.stage(x)
+    base = runner.statistics()
     for _ in range(warmup):
         runner.run(staged)
-    before = runner.statistics()
+    before = settled(runner, base, warmup)
     windows, sent = runner.call(_measure(runner, staged, concurrency, window_s, min_requests, max_windows),
                                 f"under a load of {concurrency}", bounded=False)
-    after = runner.statistics()
+    after = settled(runner, before, sent)
     is_stable = stable(windows)
     lat = summarise(windows, concurrency, is_stable)
     lat.requests = sent
