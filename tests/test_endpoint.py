@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, fails_cleanly, load_script
+from conftest import ROOT, copy_export, fails_cleanly, load_script
 from onnx import numpy_helper
 
 from vitexport.cli import cli
@@ -21,7 +21,7 @@ from vitexport.model.variants import DIGITS_VARIANT
 
 NAME = f"{DIGITS_VARIANT}-fp32"  # the name `vitexport triton` gives, which --endpoint-model defaults to
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
-QUICK = ["--iterations", "1", "--min-time", "0.05", "--warmup", "0", "--concurrency", "1", "-q"]
+QUICK = ["--no-prepare", "--iterations", "1", "--min-time", "0.05", "--warmup", "0", "--concurrency", "1", "-q"]
 
 
 def _server_script():
@@ -52,7 +52,7 @@ def served(digits_export, tmp_path_factory):
     ts, venv = _server_script()
     root = tmp_path_factory.mktemp("served")
     repo = root / "repo"
-    folder = ModelFolder(digits_export)
+    folder = ModelFolder(copy_export(digits_export, root / "digits"))  # the bench makes files in it
     write_triton(folder, repo, TritonOptions())
     write_triton(folder, repo, TritonOptions(name="digits-uint8", uint8_input=True))
     write_triton(folder, repo, TritonOptions(name="impostor"))
@@ -185,7 +185,7 @@ def test_a_server_that_dies_mid_run_ends_the_row_with_what_it_measured(digits_ex
     from vitexport.artifacts.folder import ModelFolder
 
     ts, venv = _server_script()
-    folder = ModelFolder(digits_export)
+    folder = ModelFolder(copy_export(digits_export, tmp_path / "digits"))
     repo = tmp_path / "repo"
     write_triton(folder, repo, TritonOptions())
     ts.python_backend(repo / NAME)
@@ -211,3 +211,15 @@ def test_a_server_that_dies_mid_run_ends_the_row_with_what_it_measured(digits_ex
 def test_the_server_is_stopped_by_its_process_id(served):
     server, _ = served
     assert server.ready() and os.path.exists(f"/proc/{server.process.pid}")
+
+
+def test_the_python_backend_entries_are_valid_triton_configs(served):
+    """What the server loaded parses against Triton's own ModelConfig schema, as `vitexport triton` writes it."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    server, _ = served
+    repo = Path(server.log).parent / "repo"
+    for config in sorted(repo.glob("*/config.pbtxt")):
+        cfg = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
+        assert cfg.backend == "python" and not cfg.platform and cfg.name == config.parent.name
