@@ -4,9 +4,13 @@
                                         [--modelopt-python /path/to/venv/bin/python]
 
 Exports ViT-B/16 (random weights) into a temporary folder, then for each N runs
-`vitexport quantize --int8 --target all --calib-data DIR --calib-samples N --no-check` in a fresh process with
+`vitexport quantize --int8 --target T --calib-data DIR --calib-samples N --no-check` in a fresh process with
 an empty calibration cache, and reports its wall time and peak RSS. Without --images, N images are made from
 the shipped photos (deterministic random crops and flips), so the run needs nothing but this checkout.
+
+Beside each calibration, the yardstick: one ONNX Runtime FP32 pass over the same N images, read through the same
+decoding pool (`CalibrationSet.batches`), in a fresh process of its own, the model loaded from the same file;
+the table gives calibration / pass.
 
 With --modelopt-python (an interpreter that has `nvidia-modelopt[onnx]`; its pins conflict with ours, so it
 lives in its own environment), NVIDIA ModelOpt's ONNX PTQ runs on the same model and the same preprocessed
@@ -32,6 +36,19 @@ MEASURE = ("import json, resource, subprocess, sys, time; t = time.perf_counter(
            "rc = subprocess.run(sys.argv[1:]).returncode; "
            "print(json.dumps({'rc': rc, 'wall_s': time.perf_counter() - t, "
            "'peak_rss_gb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20}))")
+ORT_PASS = """
+import sys
+from pathlib import Path
+from vitexport.artifacts.folder import ModelFolder
+from vitexport.backends.ort_session import create_session
+from vitexport.precision.int8 import calibration_set
+folder = ModelFolder(sys.argv[1])
+m = folder.read_manifest()
+data = calibration_set(Path(sys.argv[2]), m.preprocess, int(sys.argv[3]))
+sess = create_session(folder.onnx())
+n = sum(len(sess.run(None, {m.input_name: x})[0]) for x in data.batches(m.preprocess, 8))
+assert n == int(sys.argv[3]), n
+"""
 MODELOPT = """
 import sys, numpy as np
 from modelopt.onnx.quantization import quantize
@@ -85,6 +102,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, nargs="+", default=[96, 512])
     ap.add_argument("--method", default="percentile", choices=["minmax", "percentile", "entropy"])
+    ap.add_argument("--target", default="cpu", choices=["cpu", "tensorrt", "all"],
+                    help="which INT8 graphs quantize writes (cpu: the calibration and one graph, no FP16 ranges)")
     ap.add_argument("--images", type=Path, default=None, help="calibration images (default: made from the photos)")
     ap.add_argument("--modelopt-python", default=None, help="python with nvidia-modelopt[onnx], to compare")
     ap.add_argument("--modelopt-method", default="entropy", help="ModelOpt's calibration method (its default)")
@@ -98,10 +117,13 @@ def main() -> None:
         rows = []
         for n in args.samples:
             shutil.rmtree(ModelFolder(model).calib_cache_dir, ignore_errors=True)
-            r = measured(["vitexport", "quantize", str(model), "--int8", "--target", "all", "--calib-data",
+            r = measured(["vitexport", "quantize", str(model), "--int8", "--target", args.target, "--calib-data",
                           str(images), "--calib-samples", str(n), "--calib-method", args.method, "--no-check", "-q"])
             rows.append(("vitexport", args.method, n, r))
-            print(f"vitexport {args.method:<10} N={n:<5} {r['wall_s']:7.1f} s  peak RSS {r['peak_rss_gb']:.2f} GB",
+            p = measured([sys.executable, "-c", ORT_PASS, str(model), str(images), str(n)])
+            rows.append(("onnxruntime fp32 pass", "-", n, p))
+            print(f"vitexport {args.method:<10} N={n:<5} {r['wall_s']:7.1f} s  peak RSS {r['peak_rss_gb']:.2f} GB; "
+                  f"ORT FP32 pass {p['wall_s']:.1f} s ({p['peak_rss_gb']:.2f} GB): {r['wall_s'] / p['wall_s']:.2f}x",
                   flush=True)
             if args.modelopt_python:
                 npy = work / f"calib-{n}.npy"
@@ -116,6 +138,10 @@ def main() -> None:
         print("| tool | method | images | wall s | peak RSS GB |\n|---|---|---:|---:|---:|")
         for tool, method, n, r in rows:
             print(f"| {tool} | {method} | {n} | {r['wall_s']:.1f} | {r['peak_rss_gb']:.2f} |")
+        for n in args.samples:
+            cal = next(r for t, _, m, r in rows if t == "vitexport" and m == n)
+            ref = next(r for t, _, m, r in rows if t.startswith("onnxruntime") and m == n)
+            print(f"N={n}: calibration / ORT FP32 pass = {cal['wall_s'] / ref['wall_s']:.2f}x")
         for tool in ("vitexport", "modelopt"):
             mine = [(n, r) for t, _, n, r in rows if t == tool]
             if len(mine) >= 2:

@@ -175,3 +175,14 @@ def test_the_check_finds_an_import_across_one_layer(tmp_path):
     planted = copy / "export" / "check.py"
     planted.write_text("from vitexport.precision import settings\n" + planted.read_text())
     assert layering_violations(copy) == ["vitexport/export/check.py:1 imports vitexport.precision"]
+
+
+def test_commands_that_export_nothing_never_load_torch():
+    """torch takes 1.4 s to import: `ensure` (behind quantize, openvino, bench's checks) imports the exporter only
+    when it exports."""
+    import subprocess
+    import sys
+
+    code = "import sys, vitexport.ensure, vitexport.cli.quantize_cmd; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False", out.stderr

@@ -102,6 +102,28 @@ def test_bf16_row_runs_where_the_cpu_has_bf16(digits, heldout, ort_fp32):
     assert verdict.stats.top1_agree >= 0.99
 
 
+def test_what_a_bf16_cpu_gives_is_judged_pass_or_inconclusive_on_every_cpu(digits, heldout, ort_fp32):
+    """The expectation of the test above, checked on every CPU, BF16 or not: the model's arithmetic rounded to
+    bfloat16 by PyTorch (emulated where the CPU has no BF16; every operation in bfloat16, coarser than OpenVINO's
+    bf16 inference precision, which keeps some in f32) on the 360 held-out digits. Its drop interval cannot decide
+    bf16's 1-point bound on 360 images, so the verdict is inconclusive and says so, never failed; and a model
+    whose answers do flip is still failed by the same rule."""
+    import torch
+
+    from vitexport.export.torch_model import model_from_manifest
+
+    model = model_from_manifest(digits.read_manifest()).eval().to(torch.bfloat16)
+    with torch.inference_mode():
+        out = model(torch.from_numpy(heldout[0]).to(torch.bfloat16)).float().numpy()
+    assert 1e-3 < np.abs(out - ort_fp32).max()  # bfloat16 arithmetic happened
+    verdict = judge(compare(ort_fp32, out, heldout[1]), "bf16")
+    assert not verdict.failed, verdict.failures
+    assert verdict.inconclusive and all("on 360 images" in line for line in verdict.inconclusive)
+    broken = out.copy()
+    broken[:12] = np.roll(broken[:12], 1, axis=1)  # twelve answers moved to another class
+    assert judge(compare(ort_fp32, broken, heldout[1]), "bf16").failed
+
+
 def test_bf16_row_says_why_not_on_a_cpu_without_bf16(digits, monkeypatch):
     runner = OpenVinoRunner(digits.onnx("fp32"), "bf16", 2)
     caps = cpu_capabilities()

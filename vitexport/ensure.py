@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
 from .artifacts.folder import IR_SOURCE, MANIFEST_NAME, PLAN_SOURCE, ModelFolder, artifact_kind
 from .artifacts.verify import require
 from .artifacts.workspace import reading, writing
 from .errors import VitexportError
-from .export.run import ExportOptions, ExportResult, run_export
-from .model.spec import ModelSpec
+from .model.spec import ExportOptions, ModelSpec
 from .openvino_ir.convert import ir_stale_reason, make_ir
 from .precision.convert import graph_precision
 from .precision.prepare import PrecisionResult, run_quantize
@@ -30,6 +29,9 @@ from .preflight import check_op_types
 from .progress import QUIET, Log
 from .tensorrt_engine.compiler import BuildFn, TrtResult, run_trt
 from .tensorrt_engine.options import BuildOptions
+
+if TYPE_CHECKING:  # export imports torch: a command that exports nothing (quantize, bench's checks) never loads it
+    from .export.run import ExportResult
 
 Target = Union[Path, str, ModelFolder, None]
 Maker = Callable[[ModelFolder, str, Union[CalibOptions, None], Log], PrecisionResult]
@@ -98,6 +100,8 @@ def ensure_artifact(target: Target, kind: str, *, spec: ModelSpec | None = None,
     artifact_kind(kind)  # an unknown kind fails before any work
     if kind == "fp32" and fresh:
         output = None if target is None else _path_of(target)
+        from .export.run import run_export
+
         result = run_export(spec or ModelSpec(), output=output, opts=export_opts, log=log)
         return Artifact("fp32", result.onnx_path, result.folder, True, export=result)
     folder, exported = _open(target, spec, export, log)
@@ -169,6 +173,8 @@ def _open_default(spec: ModelSpec, export: bool, log: Log) -> tuple[ModelFolder,
         if not export:
             raise VitexportError(f"No exported model at {folder.path}; run `vitexport onnx` first.")
         log.info(f"No exported model at {folder.path}: exporting {spec.variant} first.")
+        from .export.run import run_export
+
         result = run_export(spec, log=log)
     diffs = spec.differences(folder.read_manifest())
     if diffs:

@@ -12,6 +12,8 @@ calibration images. Three methods, all symmetric (|x|), as TensorRT needs:
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,17 @@ MAX_BINS = 1 << 15  # beyond this many bins, adjacent bins are merged (the width
 ENTROPY_QUANT_BINS = 128  # int8, symmetric: 128 levels on each side
 ENTROPY_STRIDE = 4  # thresholds tried every this many bins (1 is exhaustive; 4 is within a bin width of it)
 
+CHUNK = 1 << 16  # values per step of a histogram update (256 KB of float32, 512 KB of indices)
+
 Tick = Callable[[int], None]
+_buffers = threading.local()
+
+
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """This thread's float32 and index buffers of at least CHUNK values, first n of each."""
+    if getattr(_buffers, "a", None) is None:
+        _buffers.a, _buffers.idx = np.empty(CHUNK, np.float32), np.empty(CHUNK, np.intp)
+    return _buffers.a[:n], _buffers.idx[:n]
 
 
 class AbsHistogram:
@@ -41,22 +53,30 @@ class AbsHistogram:
         self.amax = 0.0
 
     def update(self, x: np.ndarray) -> None:
-        a = np.abs(np.asarray(x, dtype=np.float32).ravel())
-        if not a.size:
+        """Count |x|: each value's bin is floor(|x| * (1 / width)) in float32, cast straight into the index buffer.
+        Multiplying by a positive number keeps the order of float32 values, so no index exceeds that of the
+        largest |x|: the bins are grown to hold it first, and no index needs clipping."""
+        flat = np.asarray(x, dtype=np.float32).ravel()
+        if not flat.size:
             return
-        amax = float(a.max())
+        amax = float(max(flat.max(), -flat.min()))
         if not math.isfinite(amax):
             raise VitexportError("Calibration saw NaN or Inf activations; check the calibration inputs.")
         self.amax = max(self.amax, amax)
         if self.counts is None:
             self.width = (amax / self.first_bins) if amax > 0 else 1e-8
             self.counts = np.zeros(self.first_bins, dtype=np.int64)
-        needed = int(amax / self.width) + 1
+        scale = np.float32(1.0 / self.width)
+        needed = int(np.float32(amax) * scale) + 1
         if needed > len(self.counts):
             self._grow(needed)
-        idx = (a * np.float32(1.0 / self.width)).astype(np.int64)
-        np.minimum(idx, len(self.counts) - 1, out=idx)
-        self.counts += np.bincount(idx, minlength=len(self.counts))
+            scale = np.float32(1.0 / self.width)  # merging bins may have widened them
+        for start in range(0, flat.size, CHUNK):  # a chunk at a time, in buffers that stay in cache
+            part = flat[start:start + CHUNK]
+            a, idx = _scratch(len(part))
+            np.abs(part, out=a)
+            np.multiply(a, scale, out=idx, casting="unsafe")  # float32 product, truncated: floor for x >= 0
+            self.counts += np.bincount(idx, minlength=len(self.counts))
 
     def _grow(self, needed: int) -> None:
         assert self.counts is not None
@@ -168,7 +188,8 @@ class _Collector:
         return self.hist.entropy_amax()
 
 
-ACTIVATION_BUDGET = 512 * 2**20  # bytes of calibrated activations one run may return (a ViT-B/16 batch of 8: 0.4 GB)
+ACTIVATION_BUDGET = 256 * 2**20  # bytes of calibrated activations one run may return (a ViT-B/16 batch of 4: 0.2
+# GB); two runs' are alive at once (one counted while the next runs), so calibration holds at most 512 MB of them
 
 
 def calibration_batch(model_path: Path, tensors: list[str], largest: int, budget: int = ACTIVATION_BUDGET) -> int:
@@ -228,15 +249,28 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
     sess = create_session(observed_model_bytes(Path(model_path), tensors), threads=threads,
                           external_folder=Path(model_path).parent)
     collectors = {t: ChannelMax() if per_channel else _Collector(method, percentile) for t in tensors}
-    n = 0
-    for x in batches:
-        outs = sess.run(tensors, {input_name: np.ascontiguousarray(x, dtype=np.float32)})
+
+    def count(outs: list[np.ndarray], size: int) -> None:
         for name, out in zip(tensors, outs):
             collectors[name].update(out)
-        del outs
-        n += len(x)
         if tick is not None:
-            tick(len(x))
+            tick(size)
+
+    n = 0
+    # each batch's activations are counted on a thread of their own while ONNX Runtime runs the next batch (it
+    # releases the GIL): numpy's counting uses one core, and the cores ONNX Runtime leaves idle between its
+    # operators do it. Batches are counted in order; at most two batches' activations are alive.
+    with ThreadPoolExecutor(1, thread_name_prefix="calibrate") as pool:
+        counting: Future | None = None
+        for x in batches:
+            outs = sess.run(tensors, {input_name: np.ascontiguousarray(x, dtype=np.float32)})
+            if counting is not None:
+                counting.result()
+            counting = pool.submit(count, outs, len(x))
+            del outs
+            n += len(x)
+        if counting is not None:
+            counting.result()
     if n == 0:
         raise VitexportError("No calibration inputs were given.")
     amax = {t: c.result() if per_channel else float(c.result()) for t, c in collectors.items()}

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import __version__
 from ..data.images import IMAGE_SUFFIXES, Skipped, list_files, list_images, normalise, select
-from ..data.stream import decoded_crops
+from ..data.stream import decoded_crops, default_workers
 from ..errors import VitexportError
 from ..paths import sha256_file, write_text_atomic
 from ..progress import QUIET, Log
@@ -37,7 +37,7 @@ from .qdq import (
 )
 
 CACHE_FORMAT = "vitexport-calibration/2"
-CALIB_BATCH = 8  # images per calibration run: memory is one batch of activations, whatever the image count
+CALIB_BATCH = 4  # images per calibration run: memory is two batches of activations, whatever the image count
 INT8_KINDS = ("int8", "int8-trt")  # FP32 remainder for CPU runtimes | FP16 remainder shaped for TensorRT
 QDQ_KINDS = (*INT8_KINDS, "fp8")  # the kinds made from a calibration (FP8: its own placement, precision/fp8.py)
 
@@ -57,7 +57,8 @@ class CalibrationSet:
         """(B, 3, H, W) inputs, decoded only when asked for; an image that cannot be decoded is left out and
         noted in `skipped` (it never stops a calibration of the others)."""
         if self.npy_rows is None:
-            for crops, _, errors in decoded_crops(self.files, preprocess, workers=1, chunk=batch):
+            # the decoding pool validation uses: its threads decode the next batches while this one runs
+            for crops, _, errors in decoded_crops(self.files, preprocess, workers=default_workers(), chunk=batch):
                 for e in errors:
                     self.skipped.add_error(e)
                 self.unreadable += len(errors)
