@@ -291,3 +291,16 @@ def test_bf16_is_not_run_where_the_cpu_would_emulate_it(digits, monkeypatch):
     monkeypatch.setattr(torch_backend, "cpu_has_bf16", lambda: True)
     with torch_backend.TorchRunner(model, "bf16", "cpu") as r:
         assert r.infer(np.zeros((1, 3, 32, 32), np.float32)).shape == (1, 10)
+
+
+def test_default_timing_stops_once_the_median_is_stable():
+    """Without --iterations: five runs at least, then stop when the last two runs moved the median by 2 % or less,
+    at ten runs at most, and never before --min-time; a given count is kept exactly as before."""
+    from vitexport.bench.latency import enough
+
+    steady, drifting = [100.0] * 5, [100.0, 110.0, 120.0, 130.0, 140.0, 150.0, 160.0]
+    assert not enough(steady[:4], None, 10.0, 1.0) and enough(steady, None, 10.0, 1.0)
+    assert not enough(steady, None, 0.5, 1.0)  # min_time first
+    assert not enough(drifting, None, 10.0, 1.0) and enough(drifting + [170.0, 180.0, 190.0], None, 10.0, 1.0)
+    assert not enough(steady * 2, 12, 10.0, 1.0) and enough(steady * 2 + [1.0, 1.0], 12, 10.0, 1.0)
+    assert enough([1.0], 1, 0.0, 0.0)

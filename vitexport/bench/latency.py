@@ -11,6 +11,12 @@ import numpy as np
 from ..backends.base import Runner
 
 MAX_RUNS = 10_000  # a very fast backend stops here even if min_time is not reached
+# without --iterations: at least MIN_RUNS timed runs, then stop once the median is stable (the median of every run
+# and that of all but the last two within STABLE of each other), at DEFAULT_RUNS at most once min_time is reached.
+# A ViT-B/16 batch of 8 takes 1.6 s a run on 2 cores: ten runs of each of eight rows were two minutes of the first run.
+MIN_RUNS = 5
+DEFAULT_RUNS = 10
+STABLE = 0.02
 
 
 @dataclass
@@ -56,8 +62,27 @@ def _copy_times(runner: Runner, x: np.ndarray, staged: object) -> tuple[float, f
     return statistics.median(up) * 1e3, statistics.median(down) * 1e3
 
 
-def measure_latency(runner: Runner, x: np.ndarray, iterations: int, min_time: float, warmup: int) -> Latency:
-    """At least `iterations` timed runs and at least `min_time` seconds of them, after `warmup` untimed runs."""
+def median_stable(ms: list[float], within: float = STABLE) -> bool:
+    """Whether the last two runs moved the median by at most `within` of it."""
+    if len(ms) < 3:
+        return False
+    now, before = statistics.median(ms), statistics.median(ms[:-2])
+    return abs(now - before) <= within * now
+
+
+def enough(ms: list[float], iterations: int | None, elapsed: float, min_time: float) -> bool:
+    """Whether timing can stop: `iterations` runs and `min_time` seconds; without `iterations`, MIN_RUNS runs and
+    min_time, then a stable median or DEFAULT_RUNS runs."""
+    if elapsed < min_time:
+        return len(ms) >= MAX_RUNS
+    if iterations is not None:
+        return len(ms) >= iterations
+    return len(ms) >= DEFAULT_RUNS or (len(ms) >= MIN_RUNS and median_stable(ms))
+
+
+def measure_latency(runner: Runner, x: np.ndarray, iterations: int | None, min_time: float, warmup: int) -> Latency:
+    """At least `iterations` timed runs (None: until the median is stable, see MIN_RUNS) and at least `min_time`
+    seconds of them, after `warmup` untimed runs."""
     b = len(x)
     staged = runner.stage(x)
     h2d, d2h = _copy_times(runner, x, staged) if runner.device == "cuda" else (None, None)
@@ -65,11 +90,9 @@ def measure_latency(runner: Runner, x: np.ndarray, iterations: int, min_time: fl
         runner.run(staged)
     ms: list[float] = []
     start = time.perf_counter()
-    while len(ms) < iterations or (time.perf_counter() - start) < min_time:
+    while not ms or not enough(ms, iterations, time.perf_counter() - start, min_time):
         # one complete run in ms: wall clock, or CUDA events on the runner's own stream (TensorRT)
         ms.append(runner.timed_run(staged))
-        if len(ms) >= MAX_RUNS:
-            break
     mean = statistics.fmean(ms)
     return Latency(b, len(ms), mean, _percentile(ms, 50), _percentile(ms, 90), _percentile(ms, 99),
                    b / (mean / 1e3), h2d, d2h)

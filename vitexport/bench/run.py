@@ -49,7 +49,8 @@ OPENVINO_ROWS = {"fp32": "fp32", "bf16": "fp32", "int8": "int8"}
 class BenchOptions:
     data: Path | None = None  # default: the shipped held-out set for the model
     batches: tuple[int, ...] | None = None  # default: (1, 8) on CPU, (1, 8, 32) with a GPU
-    iterations: int = 10  # at least this many timed runs per backend and batch ...
+    iterations: int | None = None  # at least this many timed runs per backend and batch (None: latency.MIN_RUNS,
+    # then until the median is stable or latency.DEFAULT_RUNS) ...
     min_time: float = 1.0  # ... and at least this many seconds
     warmup: int = 2
     threads: int | None = None  # default: all cores

@@ -74,8 +74,9 @@ BENCH = OptionGroup(
             help="Threads decoding images (each image is decoded once per run). Default: one per core and one more, at most 8."),
         opt("--batch", "batches", type=click.IntRange(min=1), multiple=True,
             help="Batch sizes (repeatable). Default: 1, 8 (GPU: 1, 8, 32)."),
-        opt("--iterations", type=click.IntRange(min=1), default=10, show_default=True,
-            help="Timed runs per backend and batch, at least."),
+        opt("--iterations", type=click.IntRange(min=1), default=None,
+            help="Timed runs per backend and batch, at least. Default: 5, then until the median moves less than "
+                 "2 % or 10 runs (the runs are reported)."),
         opt("--min-time", type=click.FloatRange(min=0), default=1.0, show_default=True,
             help="Seconds of timed runs, at least."),
         opt("--warmup", type=click.IntRange(min=0), default=2, show_default=True),
