@@ -41,6 +41,7 @@ MODULES: dict[str, list[str]] = {
     "preflight.py": ["tests/test_preflight.py", "tests/test_faults.py", "-k", "estimate or preflight"],
     "precision/calibrate.py": ["tests/test_calibrate.py"],
     "precision/qdq.py": ["tests/test_qdq_rules.py", "tests/test_qdq.py", "-k", "rules or weight"],
+    "bench/load.py": ["tests/test_endpoint_rules.py"],
 }
 
 # mutant name -> why it cannot change behaviour (left out of the score)

@@ -216,3 +216,56 @@ def test_a_server_that_cannot_read_our_shared_memory_is_one_sentence_and_leaves_
         r._open_shared_memory()
     r.close()
     assert not list(Path("/dev/shm").glob("vitexport_*"))
+
+
+class _Served:
+    """A stand-in for an EndpointRunner under load: each request takes `delay(n)` seconds; the server's counters
+    count a request `lag` seconds after its answer, as Triton counts just after answering."""
+
+    name, timeout = "endpoint fake", 5.0
+
+    def __init__(self, delay, lag=0.0):
+        self.delay, self.lag = delay, lag
+        self.answered: list[tuple[float, int]] = []  # (time answered, images)
+        self._loop = asyncio.new_event_loop()
+
+    def stage(self, x):
+        return x, len(x)
+
+    async def request(self, staged):
+        await asyncio.sleep(self.delay(len(self.answered)))
+        self.answered.append((time.monotonic(), staged[1]))
+        return np.zeros((staged[1], 10), np.float32)
+
+    def run(self, staged):
+        return self._loop.run_until_complete(self.request(staged))
+
+    def call(self, coro, what, bounded=True):
+        return self._loop.run_until_complete(coro)
+
+    def statistics(self):
+        seen = [n for t, n in self.answered if t <= time.monotonic() - self.lag]
+        return {"requests": len(seen), "inferences": sum(seen), "executions": len(seen), "failed": 0,
+                "queue_ns": 1_000_000 * len(seen), "compute_ns": 3_000_000 * len(seen)}
+
+
+def test_load_keeps_n_in_flight_until_three_windows_agree_and_counts_as_the_server_does():
+    from vitexport.bench.load import measure_load
+
+    served = _Served(lambda i: 0.004, lag=0.05)  # the server counts 50 ms late: read once it has caught up
+    lat = measure_load(served, np.zeros((3, 3, 8, 8), np.float32), 4, window_s=0.1, min_requests=10, warmup=2)
+    assert lat.stable and 3 <= lat.windows < 10 and lat.concurrency == 4 and lat.batch == 3
+    assert lat.requests == len(served.answered) - 2  # the warm-up is not measured ...
+    assert lat.server_requests == lat.requests and lat.server_inferences == 3 * lat.requests  # ... nor counted
+    assert lat.server_queue_ms == pytest.approx(1.0) and lat.server_compute_ms == pytest.approx(3.0)
+    # four in flight, 4 ms each: about 1,000 requests a second, 3,000 images
+    assert 500 < lat.throughput < 3100 and 4 <= lat.p50_ms < 25 and lat.p50_ms <= lat.p95_ms <= lat.p99_ms
+
+
+def test_a_load_that_never_settles_is_reported_unstable():
+    from vitexport.bench.load import measure_load
+
+    served = _Served(lambda i: 0.001 * (1 + i / 20))  # every request slower than the last
+    lat = measure_load(served, np.zeros((1, 3, 8, 8), np.float32), 1, window_s=0.02, min_requests=5, max_windows=6,
+                       warmup=0)
+    assert lat.stable is False and lat.windows == 6 and lat.requests == len(served.answered)
