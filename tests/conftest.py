@@ -32,7 +32,9 @@ def in_tmp(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_default(tmp_path_factory):
-    """A tiny model exported to its default folder (models/vit_tiny_patch16_224-32x32) under a scratch directory."""
+    """A tiny model exported to its default folder (models/vit_tiny_patch16_224-32x32) under a scratch directory.
+    Shared by the session: tests may add files to it (`quantize --fp16`, a bench's FP16/INT8 graphs); a test that
+    asserts which files it holds works on a copy (copy_export)."""
     from vitexport.export.run import run_export
     from vitexport.model.spec import ModelSpec
 

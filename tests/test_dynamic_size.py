@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import ROOT, fails_cleanly
+from conftest import ROOT, copy_export, fails_cleanly
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 from vitexport.artifacts.folder import ModelFolder
@@ -265,11 +265,12 @@ def test_bench_refuses_a_size_the_export_does_not_take(bicubic_export, args, nee
     fails_cleanly(CliRunner().invoke(cli, ["bench", str(bicubic_export), *args]), needle)
 
 
-def test_bench_refuses_other_sizes_of_a_fixed_size_export_and_onnx_takes_one_size(tiny_default):
-    folder = tiny_default / "models" / "vit_tiny_patch16_224-32x32"
+def test_bench_refuses_other_sizes_of_a_fixed_size_export_and_onnx_takes_one_size(tiny_default, tmp_path):
+    folder = copy_export(tiny_default / "models" / "vit_tiny_patch16_224-32x32", tmp_path / "m")
     fails_cleanly(CliRunner().invoke(cli, ["bench", str(folder), "--img-size", "64"]),
                   "was exported for 32x32 only; bench other sizes with an export made with `vitexport onnx "
                   "--dynamic-img-size`")
+    assert not (folder / "model.int8.onnx").exists()  # refused before the bench made its FP16 and INT8 graphs
     fails_cleanly(CliRunner().invoke(cli, ["onnx", "--img-size", "32", "--img-size", "64"]),
                   "--img-size is given once here")
 

@@ -130,10 +130,12 @@ class BenchReport:
 
 
 def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = None, *, prepare: bool = True,
-                  log: Log = QUIET) -> ModelFolder:
+                  sizes: tuple[tuple[int, int], ...] | None = None, log: Log = QUIET) -> ModelFolder:
     """The folder to bench, with its FP16/INT8 ONNX made when missing (default options; the bench checks parity
-    itself). A kind that cannot be made is warned about and then listed as unavailable."""
+    itself). A kind that cannot be made is warned about and then listed as unavailable. Sizes the export cannot
+    take are refused first, before anything is made."""
     folder = open_model(target, spec, export=prepare, verify=False, log=log)  # a wrong file: a FAIL in the table
+    bench_sizes(folder.read_manifest(), sizes)
     if prepare:
         for kind in PREPARED_KINDS + (GPU_PREPARED_KINDS if cuda_gpu() is not None else ()):
             try:
