@@ -265,7 +265,7 @@ def test_load_keeps_n_in_flight_until_three_windows_agree_and_counts_as_the_serv
 def test_a_load_that_never_settles_is_reported_unstable():
     from vitexport.bench.load import measure_load
 
-    served = _Served(lambda i: 0.001 * (1 + i / 20))  # every request slower than the last
+    served = _Served(lambda i: 0.002 * (1 + i / 3))  # every request a third slower than the first, again
     lat = measure_load(served, np.zeros((1, 3, 8, 8), np.float32), 1, window_s=0.02, min_requests=5, max_windows=6,
                        warmup=0)
     assert lat.stable is False and lat.windows == 6 and lat.requests == len(served.answered)
