@@ -174,7 +174,8 @@ class EndpointRunner(Runner):
             return e
         if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
             return EndpointError(f"{self.where} did not answer {what} within {self.timeout:g} s (--timeout).")
-        text = (getattr(e, "message", lambda: None)() if callable(getattr(e, "message", None)) else None) or str(e)
+        message = getattr(e, "message", None)  # tritonclient's InferenceServerException: a method
+        text = (message() if callable(message) else None) or str(e)
         text = " ".join(text.split())[:300] or type(e).__name__
         return EndpointError(f"{self.where} failed {what}: {text}.")
 

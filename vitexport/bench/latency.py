@@ -43,6 +43,16 @@ class Latency:
     server_compute_ms: float | None = None  # per request, computing (input, inference, output)
 
 
+def takes_batch(runner: Runner, b: int, info: dict, log) -> bool:
+    """Whether `runner` takes batches of b; if not, b is noted under info['skipped_batches'] and said."""
+    lo, hi = runner.batch_range or (1, b)
+    if lo <= b <= hi:
+        return True
+    info.setdefault("skipped_batches", []).append(b)
+    log.info(f"{runner.name}: batch {b} is outside its range {lo}-{hi}; not timed")
+    return False
+
+
 def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 

@@ -31,7 +31,7 @@ from ..precision.settings import CalibOptions
 from ..preflight import check_batches
 from ..progress import QUIET, Log
 from ..validate.evaluate import Evaluation, ValidationSet, evaluate, open_validation
-from .latency import Latency, measure_latency
+from .latency import Latency, measure_latency, takes_batch
 from .served import EndpointOptions, endpoint_runners, partial, probe, time_served
 
 PREPARED_KINDS = ("fp16", "int8", "int8-trt")  # ONNX kinds the bench makes when missing (unless --no-prepare) ...
@@ -249,13 +249,10 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
                 res.info["not_timed"] = "the graph is shaped for another runtime; its speed here means nothing"
             if served:
                 res.latency = time_served(runner, vset.inputs.sample, batches, opts.endpoints, opts.min_time,
-                                          opts.warmup, log)
+                                          opts.warmup, res.info, log)
                 _relative(res.latency, ref)
             for b in batches if runner.timed and not served else ():
-                lo, hi = runner.batch_range or (1, b)
-                if not lo <= b <= hi:
-                    res.info.setdefault("skipped_batches", []).append(b)
-                    log.info(f"{runner.name}: batch {b} is outside its range {lo}-{hi}; not timed")
+                if not takes_batch(runner, b, res.info, log):
                     continue
                 lat = measure_latency(runner, vset.inputs.sample(b), opts.iterations, opts.min_time, opts.warmup)
                 if is_reference:

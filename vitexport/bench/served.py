@@ -15,6 +15,7 @@ from ..artifacts.manifest import Manifest
 from ..backends.endpoint import DEFAULT_TIMEOUT, EndpointRunner, Expected
 from ..errors import VitexportError
 from ..progress import QUIET, Log
+from .latency import takes_batch
 from .load import measure_load
 
 DEFAULT_CONCURRENCY = (1, 8)
@@ -55,14 +56,11 @@ def probe(runners: list[EndpointRunner], log: Log = QUIET) -> None:
 
 
 def time_served(runner: EndpointRunner, sample, batches: tuple[int, ...], opts: EndpointOptions, window_s: float,
-                warmup: int, log: Log = QUIET) -> list:
-    """Latency at each batch the server takes and each concurrency level."""
+                warmup: int, info: dict, log: Log = QUIET) -> list:
+    """Latency at each batch the server takes (the others noted in the row's `info`) and each concurrency level."""
     out = []
-    lo, hi = runner.batch_range or (1, max(batches))
     for b in batches:
-        if not lo <= b <= hi:
-            runner.info.setdefault("skipped_batches", []).append(b)
-            log.info(f"{runner.name}: batch {b} is outside what the server takes ({lo}-{hi}); not timed")
+        if not takes_batch(runner, b, info, log):
             continue
         x = sample(b)
         for c in opts.concurrency:
