@@ -18,7 +18,8 @@ from vitexport.backends.openvino_backend import OpenVinoRunner, cpu_capabilities
 from vitexport.backends.ort_session import create_session
 from vitexport.bench.run import discover
 from vitexport.cli import cli
-from vitexport.data.images import labels_for_model, load_folder
+from vitexport.data.images import load_folder
+from vitexport.validate.labels import model_labels as labels_for_model
 from vitexport.ensure import ensure_artifact
 from vitexport.errors import BackendUnavailable, ParityError
 from vitexport.openvino_ir.convert import make_ir

@@ -7,7 +7,8 @@ import torch
 from conftest import ROOT
 from PIL import Image
 
-from vitexport.data.images import Dataset, labels_for_model, load_folder, load_image, preprocess_image
+from vitexport.data.images import Dataset, load_folder, load_image, preprocess_image
+from vitexport.validate.labels import model_labels as labels_for_model
 from vitexport.data.preprocess import Preprocess
 from vitexport.model.variants import VARIANTS, get_variant, parse_img_size
 from vitexport.model.vit import VisionTransformer

@@ -24,6 +24,7 @@ from ..ensure import ensure_artifact, open_model
 from ..environment import cuda_gpu, environment
 from ..errors import BackendUnavailable, ParityError, VitexportError
 from ..export.torch_model import model_from_manifest
+from ..model.labels import class_names
 from ..model.spec import ModelSpec
 from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, judge
 from ..paths import default_heldout_dir, display_path
@@ -60,6 +61,7 @@ class BenchOptions:
     max_images: int | None = None  # this many images spread evenly over --data (None: every one)
     img_sizes: tuple[tuple[int, int], ...] | None = None  # a dynamic-size export: bench at each (None: its default)
     workers: int | None = None  # decoding threads (None: data.stream.default_workers)
+    labels: tuple[Path, ...] = ()  # label files for --data (data.labelfile)
     endpoints: EndpointOptions = field(default_factory=EndpointOptions)  # served models (bench/served.py)
 
 
@@ -198,7 +200,8 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
     if calib_dir and Path(calib_dir).resolve() == data_dir.resolve():
         log.warn(f"{data_dir} is the data the INT8 model was calibrated on: its INT8 parity will look better "
                  "than on unseen images.")
-    return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log)
+    return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log,
+                           class_names(manifest), opts.labels)
 
 
 class _Reference:
@@ -217,7 +220,7 @@ def _parity(runner: Runner, vset: ValidationSet, ref: _Reference, log: Log) -> t
     if ref.store is None and not is_reference:
         raise VitexportError("the PyTorch FP32 reference is unavailable")
     store = OutputStore(vset.inputs.dir) if is_reference else None
-    ev = evaluate(runner.infer_all, vset.inputs, vset.labels, reference=None if is_reference else ref.store,
+    ev = evaluate(runner.infer_all, vset.inputs, vset.truth, reference=None if is_reference else ref.store,
                   record=store, label=runner.name, log=log)
     if is_reference:
         ref.store, ref.name = store, runner.name
@@ -279,11 +282,15 @@ def _relative(latencies: list[Latency], ref: _Reference) -> None:
             lat.relative_to_reference = lat.throughput / ref.throughput[lat.batch]
 
 
-def _data(vset: ValidationSet) -> dict:
+def _data(vset: ValidationSet, num_classes: int) -> dict:
     return {"source": display_path(vset.source), "n": vset.images.total, "n_parity": len(vset),
             "subset": len(vset.images) < vset.images.total, "labelled": vset.labels is not None,
             "classes": vset.images.classes, "decode": vset.inputs.decode.to_dict(),
-            "skipped": vset.images.skipped.to_dict()}
+            "skipped": vset.images.skipped.to_dict(),
+            **({"labels": {"source": vset.images.label_source, "how": vset.how,
+                           "num_classes": num_classes, "real": vset.real is not None,
+                           **({"present": len(vset.subset)} if vset.subset is not None else {})}}
+               if vset.labels is not None else {})}
 
 
 def _not_run(runner: Runner, wrong: dict[Path, FileCheck]) -> BackendResult | None:
@@ -351,7 +358,7 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
                     res.name, res.img_size = f"{res.name} @ {size[0]}x{size[1]}", tuple(size)
             results += at
             reference.append(ref.name)
-            data = data or _data(vset)
+            data = data or _data(vset, manifest.num_classes)
         finally:
             vset.close()
     return BenchReport(

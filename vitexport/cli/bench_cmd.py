@@ -54,10 +54,12 @@ def _report_file(ctx: click.Context, param: click.Parameter, path: Path | None) 
     return path
 
 
-def _bench_options(data, max_images, workers, batches, iterations, min_time, warmup, threads, backends, thresholds,
-                   strict):
+def _bench_options(data, labels, max_images, workers, batches, iterations, min_time, warmup, threads, backends,
+                   thresholds, strict):
     """BenchOptions' fields; the command makes them one after its checks (bench.py loads torch)."""
-    return dict(data=data, max_images=max_images, workers=workers, batches=tuple(batches) or None,
+    if labels and data is None:
+        raise click.UsageError("--labels labels the images of --data; give --data too.")
+    return dict(data=data, labels=tuple(labels), max_images=max_images, workers=workers, batches=tuple(batches) or None,
                 iterations=iterations, min_time=min_time, warmup=warmup, threads=threads, backends=tuple(backends),
                 thresholds=thresholds, strict=strict)
 
@@ -66,8 +68,10 @@ BENCH = OptionGroup(
     "opts",
     lambda: [
         opt("--data", type=click.Path(exists=True, path_type=Path), default=None,
-            help="Image folder (class subfolders give labels; every image is used), or .npy inputs. Default: the "
-                 "shipped held-out set for the model."),
+            help="Image folder (class subfolders give labels, named by class index, WordNet synset or class name; "
+                 "every image is used), or .npy inputs. Default: the shipped held-out set for the model."),
+        opt("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path), multiple=True, metavar="FILE",
+            help="Label file for a flat image folder (repeatable, one of each kind): CSV/TSV of file name (extension optional) and label (class index, WordNet synset or class name), ImageNet's LOC_val_solution.csv, or ImageNet-ReaL's real.json (ReaL accuracy as well)."),
         opt("--max-images", type=click.IntRange(min=1), default=None,
             help="Use this many images, spread evenly over --data (the same ones for every backend)."),
         opt("--workers", type=click.IntRange(min=1), default=None,

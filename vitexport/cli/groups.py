@@ -253,16 +253,18 @@ CALIB = OptionGroup(
              help="FP16: op types kept in FP32 ('' for none)."),
         opt("--check-data", type=click.Path(path_type=Path), default=None,
              help="Held-out images for the parity check. Default: the shipped held-out set."),
+        opt("--check-labels", type=click.Path(exists=True, dir_okay=False, path_type=Path), multiple=True,
+            metavar="FILE", help="Label file for a flat --check-data folder (repeatable, one of each kind): CSV/TSV of file name (extension optional) and label (class index, WordNet synset or class name), ImageNet's LOC_val_solution.csv, or ImageNet-ReaL's real.json (ReaL accuracy as well)."),
         opt("--no-check", is_flag=True, help="Skip the parity check against FP32."),
     ],
     lambda calib_data, calib_samples, calib_method, percentile, quantize_attention, placement, smoothquant, min_cos,
-    max_drop, exclude_node, exclude_block, keep_fp32, check_data, no_check: CalibOptions(
+    max_drop, exclude_node, exclude_block, keep_fp32, check_data, check_labels, no_check: CalibOptions(
         data=calib_data, samples=calib_samples,
         int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
                           exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block), placement=placement,
                           smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop),
         keep_fp32=tuple(op.strip() for op in keep_fp32.split(",") if op.strip()),
-        check=not no_check, check_data=check_data),
+        check=not no_check, check_data=check_data, check_labels=tuple(check_labels)),
 )
 
 QUIET = OptionGroup(

@@ -136,7 +136,12 @@ def class_folders(root: Path) -> list[str]:
     """The class subfolders of an ImageFolder, in class order: '2' before '10', names after numbers (links to
     folders are not classes: list_images does not follow them)."""
     return sorted((d.name for d in root.iterdir() if d.is_dir() and not d.is_symlink() and not d.name.startswith(".")),
-                  key=lambda n: (0, int(n), n) if n.isdigit() else (1, 0, n))
+                  key=class_order)
+
+
+def class_order(name: str) -> tuple:
+    """The sort key of class names: '2' before '10', names after numbers."""
+    return (0, int(name), name) if name.isdigit() else (1, 0, name)
 
 
 @dataclass
@@ -366,24 +371,3 @@ def check_npy(p: Path, item_shape: tuple[int, ...]) -> np.ndarray:
         raise VitexportError(f"{p} has shape {a.shape}; expected (N, {item_shape[0]}, {item_shape[1]}, "
                              f"{item_shape[2]}) preprocessed inputs.")
     return a
-
-
-def labels_for_model(data, num_classes: int) -> tuple[np.ndarray | None, str | None]:
-    """Folder labels (of a Dataset or a stream.ImageSet) as the model's class indices, or (None, why not).
-
-    Class folders named by integers are those class indices; otherwise the sorted folders must be exactly
-    the model's classes (as many folders as classes).
-    """
-    if data.labels is None or data.classes is None:
-        return None, None
-    if num_classes <= 0:
-        return None, "the model has no classification head"
-    if all(c.isdigit() for c in data.classes):
-        idx = np.array([int(c) for c in data.classes])
-        if idx.max() >= num_classes:
-            return None, f"class folder {idx.max()} is outside the model's {num_classes} classes"
-        return idx[data.labels], None
-    if len(data.classes) != num_classes:
-        return None, (f"{len(data.classes)} class folders do not map onto the model's {num_classes} classes "
-                      "(name the folders by class index to use a subset)")
-    return data.labels, None

@@ -24,7 +24,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..errors import VitexportError
-from .images import ImageError, Skipped, class_folders, decode_crop, find_inputs, is_labelled, normalise, select
+from .images import (ImageError, Skipped, class_folders, class_order, decode_crop, find_inputs, is_labelled, normalise,
+                     select)
+from .labelfile import LabelFile, match
 from .preprocess import Preprocess
 
 Progress = Callable[[int], None]  # called with the number of images just done
@@ -32,34 +34,75 @@ Progress = Callable[[int], None]  # called with the number of images just done
 
 @dataclass
 class ImageSet:
-    """The images of a run, in order, with their class folder's index when the folder is an ImageFolder."""
+    """The images of a run, in order, with their class's index into `classes` when a class folder or a label file
+    names it."""
 
     source: str
     files: list[Path]
     labels: np.ndarray | None  # (N,) index into `classes`
-    classes: list[str] | None
+    classes: list[str] | None  # class folder names, or the labels of a label file
     total: int  # images in the folder before --max-images
     npy: list[Path] = field(default_factory=list)  # .npy batches of preprocessed inputs instead of images
     skipped: Skipped = field(default_factory=Skipped)  # files left out (listing, then decoding), and why
+    label_source: str = ""  # 'class folders' or 'labels.csv': where `labels` came from
+    real: np.ndarray | None = None  # (N, K) ImageNet-ReaL class indices per image, -1 padded (a row of -1: none)
 
     def __len__(self) -> int:
         return len(self.files) if not self.npy else self.total
 
+    def keep(self, mask: np.ndarray) -> None:
+        """Only the images where `mask` holds (before decoding)."""
+        self.files = [f for f, k in zip(self.files, mask) if k]
+        self.labels = None if self.labels is None else self.labels[mask]
+        self.real = None if self.real is None else self.real[mask]
 
-def open_images(root: Path | str, max_images: int | None = None) -> ImageSet:
-    """The images below `root` (an ImageFolder gives labels), or `max_images` of them spread evenly over it."""
+
+def open_images(root: Path | str, max_images: int | None = None, label_files: tuple[LabelFile, ...] = ()) -> ImageSet:
+    """The images below `root` (an ImageFolder, or a label file, gives labels), or `max_images` of them spread
+    evenly over it. With a label file, the images it does not name are left out (noted in `skipped`)."""
     root, skipped = Path(root), Skipped()
     files, npys = find_inputs(root, skipped)
     if npys:
+        if label_files:
+            raise VitexportError(f"A label file names image files; {root} holds .npy inputs.")
         return _npy_set(npys, str(root), max_images)
-    subdirs = class_folders(root)
-    labelled = is_labelled(root, files)
-    total, files = len(files), select(files, max_images)
-    if not labelled:
-        return ImageSet(str(root), files, None, None, total, skipped=skipped)
-    index = {c: i for i, c in enumerate(subdirs)}
-    return ImageSet(str(root), files, np.array([index[f.parent.name] for f in files], np.int64), subdirs, total,
-                    skipped=skipped)
+    found = {lf.path: match(files, root, lf.keys) for lf in label_files}
+    for lf in label_files:
+        if not any(v is not None for v in found[lf.path]):
+            raise VitexportError(f"Label file {lf.path} names none of the {len(files):,} images of {root} (its first "
+                                 f"entry is {next(iter(lf.keys))!r}, the first image {files[0].name}).")
+    single = [lf for lf in label_files if lf.labels is not None]
+    if len(single) > 1:
+        raise VitexportError("Give one label file of names and labels (and at most one real.json).")
+    names, source = None, ""
+    if single:
+        names, source = found[single[0].path], single[0].path.name
+        for f, v in zip(files, names):
+            if v is None:
+                skipped.add(f, "not in the label file", f"{f.stem} is not in {source}")
+    elif is_labelled(root, files):
+        names, source = [f.parent.name for f in files], "class folders"
+    keep = [i for i in range(len(files)) if names is None or names[i] is not None]
+    total = len(keep)
+    chosen = select(keep, max_images)
+    files = [files[i] for i in chosen]
+    classes = labels = None
+    if names is not None:
+        classes = class_folders(root) if source == "class folders" else sorted({names[i] for i in keep}, key=class_order)
+        index = {c: i for i, c in enumerate(classes)}
+        labels = np.array([index[names[i]] for i in chosen], np.int64)
+    real = [lf for lf in label_files if lf.real is not None]
+    return ImageSet(str(root), files, labels, classes, total, skipped=skipped, label_source=source,
+                    real=_real_rows(match(files, root, real[0].real)) if real else None)
+
+
+def _real_rows(rows: list) -> np.ndarray:
+    width = max((len(r) for r in rows if r), default=1)
+    out = np.full((len(rows), width), -1, np.int64)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, :len(r)] = r
+    return out
 
 
 def _npy_set(paths: list[Path], source: str, max_images: int | None) -> ImageSet:

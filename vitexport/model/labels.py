@@ -28,6 +28,11 @@ def _imagenet() -> tuple[tuple[str, str], ...]:
     return tuple((r[0], r[1]) for r in rows)
 
 
+def imagenet_synsets() -> list[str]:
+    """ImageNet-1k's WordNet synsets (`n01440764`), in head order."""
+    return [synset for synset, _ in _imagenet()]
+
+
 def imagenet_names() -> list[str]:
     return [lemmas for _, lemmas in _imagenet()]
 

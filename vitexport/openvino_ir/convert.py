@@ -28,6 +28,7 @@ from ..backends.openvino_backend import INSTALL_COMMAND, OpenVinoRunner, first_l
 from ..backends.ort_session import create_session, session_infer
 from ..errors import BackendUnavailable, ParityError, VitexportError
 from ..model.posembed import antialiased_resizes
+from ..model.labels import class_names
 from ..model.spec import second_size
 from ..parity.compare import ParityVerdict, Thresholds, describe, judge
 from ..paths import default_heldout_dir, display_path, out_of_space, sha256_file, staging_prefix, write_error
@@ -120,7 +121,8 @@ def _heldout(calib: CalibOptions, manifest: Manifest, log: Log) -> ValidationSet
     if not calib.check:
         return None
     root = Path(calib.check_data) if calib.check_data else default_heldout_dir(manifest.variant)
-    return open_validation(root, manifest.preprocess, manifest.num_classes, log=log)
+    return open_validation(root, manifest.preprocess, manifest.num_classes, log=log, names=class_names(manifest),
+                           label_files=calib.check_labels)
 
 
 def check_ir_against_fp32(fp32: Path, xml: Path, precision: str, manifest: Manifest, held: ValidationSet,
@@ -133,7 +135,7 @@ def check_ir_against_fp32(fp32: Path, xml: Path, precision: str, manifest: Manif
                             output_name=manifest.output_name)
     try:
         with runner:
-            ev = evaluate(runner.infer_all, held.inputs, held.labels, reference=reference,
+            ev = evaluate(runner.infer_all, held.inputs, held.truth, reference=reference,
                           label=f"checking the {precision} IR", log=log)
     except BackendUnavailable as e:
         raise VitexportError(f"{e}.") from None

@@ -4,6 +4,8 @@ whether each top-1/top-5 was right), so memory does not grow with the logits of 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .compare import ParityStats
@@ -23,14 +25,33 @@ def _in_top5(logits: np.ndarray, target: np.ndarray) -> np.ndarray:
     return (top == target[:, None]).any(1)
 
 
+@dataclass
+class Truth:
+    """What is right for each of N images: its class, the classes the set covers (when fewer than the head's: top-1
+    is also taken over those alone), and ImageNet-ReaL's classes ((N, K), -1 padded; a row of -1: none)."""
+
+    labels: np.ndarray | None = None
+    subset: np.ndarray | None = None
+    real: np.ndarray | None = None
+
+
+def _restricted_top1(logits: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """The top-1 class among `classes` alone."""
+    return classes[logits[:, classes].argmax(1)]
+
+
 class ParityAccumulator:
     """The reference's and one candidate's outputs for images [start, start + B), in any order; `stats()` at the end.
 
-    labels: (N,) class indices of all N images, or None for unlabelled data.
+    labels: (N,) class indices of all N images (or a Truth), or None for unlabelled data.
     """
 
-    def __init__(self, n: int, labels: np.ndarray | None = None) -> None:
-        self.n, self.labels = int(n), None if labels is None else np.asarray(labels, dtype=np.int64)
+    def __init__(self, n: int, labels: np.ndarray | Truth | None = None) -> None:
+        truth = labels if isinstance(labels, Truth) else Truth(labels)
+        self.n, self.labels = int(n), None if truth.labels is None else np.asarray(truth.labels, dtype=np.int64)
+        self.subset = None if truth.subset is None or self.labels is None else np.asarray(truth.subset, np.int64)
+        self.real = None if truth.real is None else np.asarray(truth.real, np.int64)
+        self.extra = {k: np.zeros(self.n, bool) for k in ("sub_ref", "sub_out", "real_ref", "real_out")}
         self.seen = np.zeros(self.n, bool)
         self.cos = np.zeros(self.n, np.float64)
         self.max_abs = np.zeros(self.n, np.float64)
@@ -59,6 +80,13 @@ class ParityAccumulator:
             y = self.labels[s]
             self.right["ref1"][s], self.right["out1"][s] = self.ref_top1[s] == y, self.out_top1[s] == y
             self.right["ref5"][s], self.right["out5"][s] = _in_top5(ref, y), _in_top5(out, y)
+            if self.subset is not None:
+                self.extra["sub_ref"][s] = _restricted_top1(ref, self.subset) == y
+                self.extra["sub_out"][s] = _restricted_top1(out, self.subset) == y
+        if self.real is not None:
+            real = self.real[s]
+            self.extra["real_ref"][s] = (real == self.ref_top1[s][:, None]).any(1)
+            self.extra["real_out"][s] = (real == self.out_top1[s][:, None]).any(1)
 
     def stats(self) -> ParityStats:
         if not self.seen.all():
@@ -71,8 +99,10 @@ class ParityAccumulator:
             cos_min=float(self.cos.min()) if self.finite else nan, cos_mean=float(self.cos.mean()) if self.finite else nan,
             top1_agree=agree / n if self.finite else 0.0, top5_agree=float(self.ref_in_top5.mean()) if self.finite else 0.0,
             top1_agree_ci=list(clopper_pearson(agree, n)), disagree=n - agree)
+        self._real(st)
         if self.labels is None:
             return st
+        self._subset(st)
         r = {k: int(v.sum()) for k, v in self.right.items()}
         down = int((self.right["ref1"] & ~self.right["out1"]).sum())
         up = int((~self.right["ref1"] & self.right["out1"]).sum())
@@ -86,6 +116,31 @@ class ParityAccumulator:
         if not self.finite:
             st.acc, st.acc_drop = 0.0, st.acc_ref * 100
         return st
+
+    def _subset(self, st: ParityStats) -> None:
+        """Top-1 with the logits restricted to the classes the set covers."""
+        if self.subset is None:
+            return
+        ref, out, n = self.extra["sub_ref"], self.extra["sub_out"], self.n
+        _, lo, hi = paired_drop(int((ref & ~out).sum()), int((~ref & out).sum()), n)
+        st.subset_classes = len(self.subset)
+        st.acc_subset_ref, st.acc_subset = float(ref.mean()), float(out.mean())
+        st.acc_subset_ci = list(clopper_pearson(int(out.sum()), n))
+        st.acc_subset_drop_ci = [lo * 100, hi * 100]
+
+    def _real(self, st: ParityStats) -> None:
+        """ImageNet-ReaL top-1: right when the top-1 is any of the image's ReaL classes, over the images with one."""
+        if self.real is None:
+            return
+        has = (self.real >= 0).any(1)
+        n = int(has.sum())
+        if n == 0:
+            return
+        ref, out = self.extra["real_ref"][has], self.extra["real_out"][has]
+        st.real_n, st.real_acc_ref, st.real_acc = n, float(ref.mean()), float(out.mean())
+        st.real_acc_ci = list(clopper_pearson(int(out.sum()), n))
+        _, lo, hi = paired_drop(int((ref & ~out).sum()), int((~ref & out).sum()), n)
+        st.real_acc_drop_ci = [lo * 100, hi * 100]
 
     def per_class(self) -> list[dict]:
         """Top-1 accuracy of the reference and the candidate per labelled class: [{class, n, acc_ref, acc}]."""

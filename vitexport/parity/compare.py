@@ -40,6 +40,19 @@ class ParityStats:
     acc_drop_ci: list[float] | None = None  # its paired interval, points (parity.stats.paired_drop)
     flips_down: int | None = None  # right for the reference, wrong for the candidate
     flips_up: int | None = None  # wrong for the reference, right for the candidate
+    # a set that covers a subset of the head's classes: top-1 with the logits restricted to those (timm's
+    # ImageNet-A/-R figure), and its paired drop interval in points
+    subset_classes: int | None = None
+    acc_subset_ref: float | None = None
+    acc_subset: float | None = None
+    acc_subset_ci: list[float] | None = None
+    acc_subset_drop_ci: list[float] | None = None
+    # ImageNet-ReaL labels: top-1 right when it is any of the image's ReaL classes, over the real_n images with one
+    real_n: int | None = None
+    real_acc_ref: float | None = None
+    real_acc: float | None = None
+    real_acc_ci: list[float] | None = None
+    real_acc_drop_ci: list[float] | None = None
 
     def to_dict(self) -> dict:
         """Its fields; the uncertainty fields only when known (a record read from an older file round-trips)."""

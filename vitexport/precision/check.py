@@ -25,7 +25,7 @@ def fp32_reference(fp32: Path, held: ValidationSet, manifest: Manifest, where: P
     store = OutputStore(where)
     try:
         evaluate(session_infer(create_session(fp32), manifest.input_name, manifest.output_name), held.inputs,
-                 held.labels, record=store, label="FP32 reference", log=log)  # the session is freed once it returns
+                 held.truth, record=store, label="FP32 reference", log=log)  # the session is freed once it returns
     except BaseException:
         store.path.unlink(missing_ok=True)
         raise
@@ -41,7 +41,7 @@ def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precisi
     try:
         ev = evaluate(session_infer(create_session(candidate, optimize=optimization_for(precision)),
                                     manifest.input_name, manifest.output_name),
-                      held.inputs, held.labels, reference=store, label=f"checking {precision}", log=log)
+                      held.inputs, held.truth, reference=store, label=f"checking {precision}", log=log)
     finally:
         if reference is None:
             store.path.unlink(missing_ok=True)

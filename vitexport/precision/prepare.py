@@ -15,6 +15,7 @@ from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, Prec
 from ..artifacts.verify import BROKEN, MISSING, check_onnx
 from ..backends.ort_session import interleaved_latency, optimization_for
 from ..errors import ParityError, VitexportError
+from ..model.labels import class_names
 from ..model.spec import second_size
 from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_file
@@ -76,7 +77,8 @@ def _heldout(opts: CalibOptions, manifest: Manifest, precision: str, log: Log) -
     calib_dir = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
     if precision in QDQ_KINDS and held_dir.resolve() == calib_dir.resolve():
         raise VitexportError("The check data is the calibration data; pass held-out images with --check-data.")
-    return open_validation(held_dir, manifest.preprocess, manifest.num_classes, log=log)
+    return open_validation(held_dir, manifest.preprocess, manifest.num_classes, log=log, names=class_names(manifest),
+                           label_files=opts.check_labels)
 
 
 def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptions | None = None,

@@ -125,7 +125,7 @@ class Simulator:
         def infer(x: np.ndarray) -> np.ndarray:
             return infer_in_chunks(lambda b: self.sess.run([out], {inp: b, FLAGS: flags})[0], x)
 
-        ev = evaluate(infer, self.held.inputs, self.held.labels, reference=self.store, label=what)
+        ev = evaluate(infer, self.held.inputs, self.held.truth, reference=self.store, label=what)
         return Pass(what, ev.stats)
 
     def close(self) -> None:

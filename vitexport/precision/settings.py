@@ -51,4 +51,5 @@ class CalibOptions:
     keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32  # FP16 only
     check: bool = True  # check the result against FP32 on held-out data
     check_data: Path | None = None  # held-out images for the parity check; default: the shipped held-out set
+    check_labels: tuple[Path, ...] = ()  # label files for check_data (data.labelfile)
     thresholds: "Thresholds | None" = None  # None: the precision's defaults (compare.DEFAULT_THRESHOLDS)

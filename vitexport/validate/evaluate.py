@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 
 from ..data.stream import ImageSet, InputCache, OutputStore
-from ..parity.accumulate import ParityAccumulator
+from ..errors import VitexportError
+from ..parity.accumulate import ParityAccumulator, Truth
 from ..parity.compare import ParityStats
 from ..progress import QUIET, Log
 
@@ -32,7 +33,7 @@ class Evaluation:
                 "images_per_s": round(n / self.seconds, 1) if self.seconds > 0 else None}
 
 
-def evaluate(candidate: Infer, inputs: InputCache, labels: np.ndarray | None, *,
+def evaluate(candidate: Infer, inputs: InputCache, labels: np.ndarray | Truth | None, *,
              reference: Infer | OutputStore | None = None, record: OutputStore | None = None,
              label: str = "evaluating", batch: int = EVAL_BATCH, log: Log = QUIET) -> Evaluation:
     """Run `candidate` on every input and compare it with the reference.
@@ -67,15 +68,24 @@ def evaluate(candidate: Infer, inputs: InputCache, labels: np.ndarray | None, *,
 
 @dataclass
 class ValidationSet:
-    """The images of a run, decoded once into `inputs`, with the model's labels when the folders give them."""
+    """The images of a run, decoded once into `inputs`, with the model's labels when the set gives them (class
+    folders or a label file, validate.labels), all indexed like `inputs`."""
 
     images: ImageSet
     inputs: InputCache
-    labels: np.ndarray | None
+    labels: np.ndarray | None  # (N,) the model's class indices
+    subset: np.ndarray | None = None  # the classes the set covers, when fewer than the head's
+    real: np.ndarray | None = None  # (N, K) ImageNet-ReaL labels, -1 padded
+    set_labels: np.ndarray | None = None  # (N,) the set's own classes (index into images.classes): k-NN's labels
+    how: str = ""  # how the set's classes were read ('WordNet synset', ...)
 
     @property
     def source(self) -> str:
         return self.images.source
+
+    @property
+    def truth(self) -> Truth:
+        return Truth(self.labels, self.subset, self.real)
 
     def __len__(self) -> int:
         return self.inputs.n
@@ -91,26 +101,62 @@ class ValidationSet:
 
 
 def open_validation(root, pp, num_classes: int, max_images: int | None = None, workers: int | None = None,
-                    log: Log = QUIET) -> ValidationSet:
+                    log: Log = QUIET, names: list[str] | None = None, label_files: tuple = ()) -> ValidationSet:
     """List `root`, take `max_images` spread over it, decode each image once (with a progress bar); labels from
-    class folders when they name the model's classes (else a warning saying why not)."""
-    from ..data.images import labels_for_model
+    class folders or `label_files` (paths) mapped onto the model's classes `names` (validate.labels; else a
+    warning saying why not)."""
+    from ..data.labelfile import read_label_file
     from ..data.stream import default_workers, open_images
 
-    images = open_images(root, max_images)
-    labels, why = labels_for_model(images, num_classes)
-    if why:
-        log.warn(f"Class folders of {images.source} not used as labels: {why}.")
-    subset = f" ({len(images):,} of {images.total:,}, spread evenly)" if len(images) < images.total else ""
+    images = open_images(root, max_images, tuple(read_label_file(p) for p in label_files))
+    labels, subset, how = _map_labels(images, num_classes, names, log)
+    subset_note = f" ({len(images):,} of {images.total:,}, spread evenly)" if len(images) < images.total else ""
     workers = workers or default_workers()
-    with log.step(f"Decoding {len(images):,} inputs from {images.source}{subset} with {workers} workers"):
+    with log.step(f"Decoding {len(images):,} inputs from {images.source}{subset_note} with {workers} workers"):
         with log.bar("decoding", len(images)) as advance:
             inputs = InputCache(images, pp, workers, progress=advance)
     d = inputs.decode
     log.info(f"Decoded {d.images:,} inputs in {d.seconds:.1f}s ({d.images / max(d.seconds, 1e-9):,.0f}/s)"
-             + (f", labels from {len(images.classes or [])} class folders" if labels is not None else ""))
+             + (f", labels from {_from(images)} by {how}" if labels is not None else "")
+             + (f", {len(subset)} of the model's {num_classes} classes present" if subset is not None else ""))
     if images.skipped:
         log.warn(images.skipped.summary(images.source) + f" Every backend is judged on the other {inputs.n:,}.")
-    if labels is not None and inputs.n < len(images):
-        labels = labels[inputs.kept]  # the labels of the images the cache holds
-    return ValidationSet(images, inputs, labels)
+    real = images.real if num_classes == 1000 else None
+    if images.real is not None and real is None:
+        log.warn(f"ImageNet-ReaL labels name ImageNet-1k's classes; the model has {num_classes}: not used.")
+    keep = inputs.kept if inputs.n < len(images) else slice(None)
+    pick = (lambda a: None if a is None else a[keep])  # the figures of the images the cache holds
+    return ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how)
+
+
+def _from(images: ImageSet) -> str:
+    n = len(images.classes or [])
+    return f"{n:,} class folders" if images.label_source == "class folders" else \
+        f"{images.label_source} ({n:,} classes)"
+
+
+def _map_labels(images: ImageSet, num_classes: int, names: list[str] | None,
+                log: Log) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """(the model's class per image, the classes present when fewer than the head's, how the classes were read);
+    images of a class that maps to none are left out of `images` and noted in its skipped list."""
+    from .labels import map_classes
+
+    if images.labels is None or images.classes is None or num_classes <= 0:
+        return None, None, ""
+    m = map_classes(list(images.classes), num_classes, list(names or []))
+    if m is None:
+        log.warn(f"The classes of {images.source} ({_from(images)}) are not used as labels: none is one of the "
+                 f"model's {num_classes} classes by index, WordNet synset or class name.")
+        return None, None, ""
+    if m.unmapped:
+        mapped = m.index[images.labels] >= 0
+        for f, c in zip(images.files, images.labels):
+            if m.index[c] < 0:
+                images.skipped.add(f, "class of no model class", f"{images.classes[c]!r} is none of the model's classes")
+        images.keep(mapped)
+        if not images.files:
+            raise VitexportError(f"None of the images of {images.source} is of a class the model has "
+                                 f"({images.skipped.details()}).")
+    labels = m.index[images.labels]
+    present = np.unique(labels)
+    return labels, (present if len(present) < num_classes else None), m.how

@@ -1,0 +1,43 @@
+"""The figures a row has beyond the table's columns, one line each: accuracy over the classes a set covers,
+ImageNet-ReaL accuracy, and an embedding model's k-NN figures."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .run import BenchReport
+
+
+def _pct(v: float, ci: list[float] | None) -> str:
+    return f"{v:.2%}" + ("" if not ci else f" [{ci[0]:.1%}, {ci[1]:.1%}]")
+
+
+def _drop(ci: list[float] | None) -> str:
+    return "" if not ci else f", drop [{ci[0]:+.2f}, {ci[1]:+.2f}] pts"
+
+
+def figure_lines(report: "BenchReport") -> list[str]:
+    """Per available row, what its parity record holds beyond the table (none for a plain labelled set)."""
+    out = []
+    for r in report.results:
+        st = r.parity.stats if r.available and r.parity else None
+        if st is None:
+            continue
+        if st.acc_subset is not None:
+            out.append(f"{r.name}: top-1 over the {st.subset_classes} classes present {_pct(st.acc_subset, st.acc_subset_ci)}"
+                       f" (reference {st.acc_subset_ref:.2%}{_drop(st.acc_subset_drop_ci)})")
+        if st.real_acc is not None:
+            out.append(f"{r.name}: ReaL top-1 {_pct(st.real_acc, st.real_acc_ci)} on {st.real_n:,} images "
+                       f"(reference {st.real_acc_ref:.2%}{_drop(st.real_acc_drop_ci)})")
+    return out
+
+
+def labels_line(data: dict) -> str:
+    """'Labels: 200 class folders read as WordNet synsets, 200 of the model's 1000 classes.' ('' unlabelled)"""
+    lab = data.get("labels")
+    if not lab:
+        return ""
+    cover = f", {lab['present']:,} of the model's {lab['num_classes']:,} classes" if lab.get("present") else ""
+    return f"Labels: {lab['source']} read by {lab['how']}{cover}" + (", with ImageNet-ReaL labels" if lab.get("real")
+                                                                     else "") + "."
