@@ -27,6 +27,11 @@ def figure_lines(report: "BenchReport") -> list[str]:
         if st.acc_subset is not None:
             out.append(f"{r.name}: top-1 over the {st.subset_classes} classes present {_pct(st.acc_subset, st.acc_subset_ci)}"
                        f" (reference {st.acc_subset_ref:.2%}{_drop(st.acc_subset_drop_ci)})")
+        if st.embedding:
+            knn = "" if st.knn_acc is None else (f"k-NN top-1 {_pct(st.knn_acc, st.knn_acc_ci)} (reference "
+                                                  f"{st.knn_acc_ref:.2%}{_drop(st.knn_drop_ci)}), ")
+            out.append(f"{r.name}: {knn}nearest neighbour the same as the reference's for "
+                       f"{_pct(st.neighbour_agree, st.neighbour_agree_ci)} (k={st.knn_k}, T={st.knn_t:g})")
         if st.real_acc is not None:
             out.append(f"{r.name}: ReaL top-1 {_pct(st.real_acc, st.real_acc_ci)} on {st.real_n:,} images "
                        f"(reference {st.real_acc_ref:.2%}{_drop(st.real_acc_drop_ci)})")

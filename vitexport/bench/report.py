@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..paths import pyplot, save_png, write_text_atomic
+from ..paths import write_text_atomic
 from .figures import figure_lines, labels_line
 from .run import BackendResult, BenchReport
 
@@ -83,8 +83,9 @@ def rows(report: BenchReport) -> list[BenchRow]:
                 h2d_ms=lat.h2d_ms if lat else None,
                 max_abs=st.max_abs if st else None, mean_abs=st.mean_abs if st else None,
                 cos_min=st.cos_min if st else None, cos_mean=st.cos_mean if st else None,
-                top1_agree=st.top1_agree if st else None, top5_agree=st.top5_agree if st else None,
-                acc=st.acc if st else None, parity=status, **ci,
+                top1_agree=st.top1_agree if st and not st.embedding else None,
+                top5_agree=st.top5_agree if st and not st.embedding else None,
+                acc=(st.knn_acc if st.embedding else st.acc) if st else None, parity=status, **ci,
                 **({} if lat is None or lat.concurrency is None else dict(
                     concurrency=lat.concurrency, stable=lat.stable, server_queue_ms=lat.server_queue_ms,
                     server_compute_ms=lat.server_compute_ms)),
@@ -115,6 +116,14 @@ def unavailable_lines(report: BenchReport) -> list[str]:
     return out
 
 
+def accuracy_columns(data: dict) -> tuple[bool, str]:
+    """(whether the table has accuracy columns, what they hold): top-1 accuracy, or an embedding model's k-NN."""
+    knn = data.get("embeddings")
+    if knn:
+        return bool(knn.get("labelled")), f"k-NN top-1 (k={knn['k']})"
+    return bool(data["labelled"]), "top-1 acc"
+
+
 def _intervals(st) -> dict:
     """The BenchRow fields that carry the figures' uncertainty."""
     if st is None:
@@ -123,6 +132,10 @@ def _intervals(st) -> dict:
     def pair(v):
         return (v[0], v[1]) if v else (None, None)
 
+    if st.embedding:  # an embedding model: its k-NN figures stand in the accuracy columns
+        (al, ah), (dl, dh) = pair(st.knn_acc_ci), pair(st.knn_drop_ci)
+        return dict(acc_low=al, acc_high=ah, acc_drop=st.knn_drop, acc_drop_low=dl, acc_drop_high=dh,
+                    flips_down=st.knn_flips_down, flips_up=st.knn_flips_up)
     (al, ah), (dl, dh), (tl, th) = pair(st.acc_ci), pair(st.acc_drop_ci), pair(st.top1_agree_ci)
     return dict(top1_agree_low=tl, top1_agree_high=th, acc_low=al, acc_high=ah, top5_acc=st.top5_acc,
                 acc_drop=st.acc_drop, acc_drop_low=dl, acc_drop_high=dh, flips_down=st.flips_down,
@@ -164,7 +177,7 @@ def print_table(report: BenchReport, console=None) -> None:
     title = (f"{m['variant']} {m['img_size'][0]}x{m['img_size'][1]} - {report.data['n_parity']} inputs from "
              f"{report.data['source']} - reference: {report.reference}")
     t = Table(title=title, title_justify="left")
-    labelled = report.data["labelled"]
+    labelled, acc_name = accuracy_columns(report.data)
     table = rows(report)
     loaded = any(row.concurrency is not None for row in table)  # a served model: the concurrency of each timing
     for col, kw in [("backend", {}), ("batch", {"justify": "right"})] + ([("conc", {"justify": "right"})] if loaded
@@ -172,7 +185,7 @@ def print_table(report: BenchReport, console=None) -> None:
                     ("p50", {"justify": "right"}), ("p99", {"justify": "right"}), ("img/s", {"justify": "right"}),
                     ("vs ref", {"justify": "right"}), ("max abs", {"justify": "right"}),
                     ("cos min", {"justify": "right"}), ("top-1 agree %", {"justify": "right"})] + (
-            [("top-1 acc % (95% CI)", {"justify": "right"}), ("drop pts [95% CI] down/up", {"justify": "right"})]
+            [(f"{acc_name} % (95% CI)", {"justify": "right"}), ("drop pts [95% CI] down/up", {"justify": "right"})]
             if labelled else []) + [("parity", {})]:
         t.add_column(col, **kw)
     for row in table:
@@ -295,7 +308,7 @@ def to_markdown(report: BenchReport) -> str:
         *(["- inference precision asked of OpenVINO: " + ", ".join(hints)] if hints else []),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v), "",
         "| backend | batch | mean ms | p50 ms | p90 ms | p99 ms | img/s | vs reference | max abs | cos min | "
-        "top-1 agree % (95% CI) | top-1 acc % (95% CI) | drop pts [95% CI] down/up | parity |",
+        f"top-1 agree % (95% CI) | {accuracy_columns(report.data)[1]} % (95% CI) | drop pts [95% CI] down/up | parity |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows(report):
@@ -335,49 +348,6 @@ def to_csv(report: BenchReport) -> str:
     return buf.getvalue()
 
 
-def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (throughput, accuracy) points no other point beats on both, by throughput."""
-    front, best = [], -math.inf
-    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
-        if y > best:
-            front.append((x, y))
-            best = y
-    return sorted(front)
-
-
-def plot(report: BenchReport, path: Path) -> None:
-    """Accuracy (labelled data) or top-1 agreement with the reference against throughput: one point per backend
-    and batch, its 95 % interval as an error bar, and the Pareto front a user chooses from."""
-    plt = pyplot()
-    labelled = report.data["labelled"]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    points = []
-    for row in rows(report):
-        if row.throughput is None:
-            continue
-        y, lo, hi = (row.acc, row.acc_low, row.acc_high) if labelled else \
-            (row.top1_agree, row.top1_agree_low, row.top1_agree_high)
-        if y is None:
-            continue
-        err = None if lo is None else [[(y - lo) * 100], [(hi - y) * 100]]
-        ax.errorbar([row.throughput], [y * 100], yerr=err, marker="o", capsize=3, linestyle="none",
-                    label=f"{row.backend} b{row.batch}" + (f" c{row.concurrency}" if row.concurrency else ""))
-        points.append((row.throughput, y * 100))
-    front = pareto(points)
-    if front:
-        ax.plot([p[0] for p in front], [p[1] for p in front], "k--", linewidth=1, label="Pareto front")
-    ax.set_xlabel("images / s")
-    ax.set_ylabel("top-1 accuracy, %" if labelled else "top-1 agreement with the reference, %")
-    ax.set_xscale("log")
-    m = report.model
-    ax.set_title(f"{m['variant']} {m['img_size'][0]}x{m['img_size'][1]} on {report.data['n_parity']:,} images "
-                 "(95% intervals)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    save_png(fig, path)
-
-
 def write_outputs(report: BenchReport, json_path=None, markdown_path=None, csv_path=None, plot_path=None) -> list[Path]:
     written = []
     for path, render in ((json_path, to_json), (markdown_path, to_markdown), (csv_path, to_csv)):
@@ -385,10 +355,12 @@ def write_outputs(report: BenchReport, json_path=None, markdown_path=None, csv_p
             write_text_atomic(Path(path), render(report))
             written.append(Path(path))
     if plot_path:
+        from .plot import plot  # matplotlib, only for a plot
+
         plot(report, Path(plot_path))
         written.append(Path(plot_path))
     return written
 
 
-__all__ = ["BackendResult", "BenchRow", "plot", "print_table", "rows", "to_csv", "to_json", "to_markdown",
+__all__ = ["BackendResult", "BenchRow", "print_table", "rows", "to_csv", "to_json", "to_markdown",
            "write_outputs"]

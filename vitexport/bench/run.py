@@ -19,7 +19,6 @@ from ..artifacts.manifest import Manifest
 from ..artifacts.verify import MISSING, FileCheck, check_folder
 from ..artifacts.workspace import reading
 from ..backends.base import Runner
-from ..data.stream import OutputStore
 from ..ensure import ensure_artifact, open_model
 from ..environment import cuda_gpu, environment
 from ..errors import BackendUnavailable, ParityError, VitexportError
@@ -27,11 +26,13 @@ from ..export.torch_model import model_from_manifest
 from ..model.labels import class_names
 from ..model.spec import ModelSpec
 from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, judge
+from ..parity.knn import DEFAULT_K, DEFAULT_T
 from ..paths import default_heldout_dir, display_path
 from ..precision.settings import CalibOptions
 from ..preflight import check_batches
 from ..progress import QUIET, Log
-from ..validate.evaluate import Evaluation, ValidationSet, evaluate, open_validation
+from ..validate.evaluate import ValidationSet, open_validation
+from .against import Reference, parity_pass
 from .latency import Latency, measure_latency, takes_batch
 from .served import EndpointOptions, endpoint_runners, partial, probe, time_served
 
@@ -62,6 +63,8 @@ class BenchOptions:
     img_sizes: tuple[tuple[int, int], ...] | None = None  # a dynamic-size export: bench at each (None: its default)
     workers: int | None = None  # decoding threads (None: data.stream.default_workers)
     labels: tuple[Path, ...] = ()  # label files for --data (data.labelfile)
+    knn_k: int = DEFAULT_K  # an embedding model's k-NN (parity.knn)
+    knn_t: float = DEFAULT_T
     endpoints: EndpointOptions = field(default_factory=EndpointOptions)  # served models (bench/served.py)
 
 
@@ -204,31 +207,8 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
                            class_names(manifest), opts.labels)
 
 
-class _Reference:
-    """PyTorch FP32 eager on the CPU (first in the list); if it cannot run, the next FP32 backend stands in. Its
-    outputs are kept on disk for the backends after it."""
-
-    def __init__(self) -> None:
-        self.store: OutputStore | None = None
-        self.name = "none"
-        self.throughput: dict[int, float] = {}  # batch -> images/s
-
-
-def _parity(runner: Runner, vset: ValidationSet, ref: _Reference, log: Log) -> tuple[Evaluation, bool]:
-    """The runner on every input against the reference (or as the reference, when none ran yet and it is FP32)."""
-    is_reference = ref.store is None and runner.precision == "fp32"
-    if ref.store is None and not is_reference:
-        raise VitexportError("the PyTorch FP32 reference is unavailable")
-    store = OutputStore(vset.inputs.dir) if is_reference else None
-    ev = evaluate(runner.infer_all, vset.inputs, vset.truth, reference=None if is_reference else ref.store,
-                  record=store, label=runner.name, log=log)
-    if is_reference:
-        ref.store, ref.name = store, runner.name
-    return ev, is_reference
-
-
 def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], opts: BenchOptions,
-                 ref: _Reference, log: Log) -> BackendResult:
+                 ref: Reference, log: Log) -> BackendResult:
     """Load, parity on every input, latency per batch, close: one row of the report."""
     res = BackendResult(runner.name, runner.backend, runner.precision, runner.device, runner.provider, False)
     served = getattr(runner, "endpoint", False)
@@ -245,7 +225,7 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
     res.available, res.info = True, dict(runner.info)
     try:
         with log.step(f"{runner.name}"):
-            ev, is_reference = _parity(runner, vset, ref, log)
+            ev, is_reference = parity_pass(runner, vset, ref, log)
             res.parity = judge(ev.stats, runner.precision, opts.thresholds.get(runner.precision))
             res.per_class, res.timing = ev.per_class, ev.timing()
             if not runner.timed:
@@ -276,17 +256,18 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
     return res
 
 
-def _relative(latencies: list[Latency], ref: _Reference) -> None:
+def _relative(latencies: list[Latency], ref: Reference) -> None:
     for lat in latencies:
         if lat.batch in ref.throughput:
             lat.relative_to_reference = lat.throughput / ref.throughput[lat.batch]
 
 
-def _data(vset: ValidationSet, num_classes: int) -> dict:
+def _data(vset: ValidationSet, num_classes: int, knn: tuple[int, float] | None) -> dict:
     return {"source": display_path(vset.source), "n": vset.images.total, "n_parity": len(vset),
             "subset": len(vset.images) < vset.images.total, "labelled": vset.labels is not None,
             "classes": vset.images.classes, "decode": vset.inputs.decode.to_dict(),
             "skipped": vset.images.skipped.to_dict(),
+            **({"embeddings": {"k": knn[0], "t": knn[1], "labelled": vset.set_labels is not None}} if knn else {}),
             **({"labels": {"source": vset.images.label_source, "how": vset.how,
                            "num_classes": num_classes, "real": vset.real is not None,
                            **({"present": len(vset.subset)} if vset.subset is not None else {})}}
@@ -351,14 +332,14 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
     for size in sizes:  # one pass over the data per size, each against the PyTorch reference at that size
         vset = _open_inputs(manifest, opts, log, size)
         try:
-            ref = _Reference()
+            ref = Reference((opts.knn_k, opts.knn_t) if manifest.num_classes <= 0 else None)
             at = [_not_run(r, wrong) or _run_backend(r, vset, batches, opts, ref, log) for r in runners]
             if size is not None:
                 for res in at:
                     res.name, res.img_size = f"{res.name} @ {size[0]}x{size[1]}", tuple(size)
             results += at
             reference.append(ref.name)
-            data = data or _data(vset, manifest.num_classes)
+            data = data or _data(vset, manifest.num_classes, ref.knn)
         finally:
             vset.close()
     return BenchReport(

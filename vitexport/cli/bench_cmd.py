@@ -55,11 +55,11 @@ def _report_file(ctx: click.Context, param: click.Parameter, path: Path | None) 
 
 
 def _bench_options(data, labels, max_images, workers, batches, iterations, min_time, warmup, threads, backends,
-                   thresholds, strict):
+                   thresholds, strict, knn_k, knn_t):
     """BenchOptions' fields; the command makes them one after its checks (bench.py loads torch)."""
     if labels and data is None:
         raise click.UsageError("--labels labels the images of --data; give --data too.")
-    return dict(data=data, labels=tuple(labels), max_images=max_images, workers=workers, batches=tuple(batches) or None,
+    return dict(data=data, labels=tuple(labels), knn_k=knn_k, knn_t=knn_t, max_images=max_images, workers=workers, batches=tuple(batches) or None,
                 iterations=iterations, min_time=min_time, warmup=warmup, threads=threads, backends=tuple(backends),
                 thresholds=thresholds, strict=strict)
 
@@ -93,6 +93,10 @@ BENCH = OptionGroup(
         opt("--strict", is_flag=True,
             help="Exit 1 when any backend misses a parity threshold, when the set is too small to decide one "
                  "(inconclusive: docs/PARITY.md), or when files of the data folder had to be skipped."),
+        opt("--knn-k", type=click.IntRange(min=1), default=20, show_default=True,
+            help="An embedding model (no classification head): neighbours voting in its k-NN top-1 (DINO's)."),
+        opt("--knn-t", type=click.FloatRange(min=0, min_open=True), default=0.07, show_default=True,
+            help="An embedding model: the k-NN's temperature (votes weighted exp(similarity / T))."),
     ],
     _bench_options,
 )

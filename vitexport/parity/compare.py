@@ -53,11 +53,29 @@ class ParityStats:
     real_acc: float | None = None
     real_acc_ci: list[float] | None = None
     real_acc_drop_ci: list[float] | None = None
+    # an embedding model (parity.knn): k-NN top-1 on the set's labels, leave-one-out, and nearest-neighbour
+    # agreement with the reference; its argmax "top-1 agreement" means nothing and is not given
+    knn_k: int | None = None
+    knn_t: float | None = None
+    knn_acc_ref: float | None = None
+    knn_acc: float | None = None
+    knn_acc_ci: list[float] | None = None
+    knn_drop: float | None = None  # points, paired against the reference's k-NN on the same images
+    knn_drop_ci: list[float] | None = None
+    knn_flips_down: int | None = None
+    knn_flips_up: int | None = None
+    neighbour_agree: float | None = None
+    neighbour_agree_ci: list[float] | None = None
+
+    @property
+    def embedding(self) -> bool:
+        return self.knn_k is not None
 
     def to_dict(self) -> dict:
         """Its fields; the uncertainty fields only when known (a record read from an older file round-trips)."""
         d = asdict(self)
-        return {k: v for k, v in d.items() if v is not None or k in _ALWAYS}
+        hidden = ("top1_agree", "top5_agree", "top1_agree_ci", "disagree") if self.embedding else ()
+        return {k: v for k, v in d.items() if (v is not None or k in _ALWAYS) and k not in hidden}
 
 
 def compare(ref: "np.ndarray", out: "np.ndarray", labels: "np.ndarray | None" = None) -> ParityStats:
@@ -98,7 +116,7 @@ class Thresholds:
             fails.append(f"min cosine {s.cos_min:.5f} < {self.cos_min:g}")
         if self.cos_mean is not None and s.cos_mean < self.cos_mean:
             fails.append(f"mean cosine {s.cos_mean:.5f} < {self.cos_mean:g}")
-        if self.top1_agree is not None:
+        if self.top1_agree is not None and not s.embedding:  # an embedding's argmax means nothing
             lo, hi = s.top1_agree_ci or (s.top1_agree, s.top1_agree)
             if hi < self.top1_agree:
                 fails.append(f"top-1 agreement {s.top1_agree:.1%} < {self.top1_agree:.0%} (95% interval "
@@ -113,6 +131,14 @@ class Thresholds:
                              f"{lo:.2f} to {hi:.2f})")
             elif hi > self.acc_drop:
                 undecided.append(_undecided_drop(s, drop, lo, hi, self.acc_drop))
+        if self.acc_drop is not None and s.knn_drop is not None:
+            lo, hi = s.knn_drop_ci or (s.knn_drop, s.knn_drop)
+            if lo > self.acc_drop:
+                fails.append(f"k-NN top-1 dropped {s.knn_drop:.2f} points > {self.acc_drop:g} (95% interval "
+                             f"{lo:.2f} to {hi:.2f})")
+            elif hi > self.acc_drop:
+                undecided.append(_undecided_drop(s, s.knn_drop, lo, hi, self.acc_drop, "k-NN top-1",
+                                                 (s.knn_flips_down or 0, s.knn_flips_up or 0)))
         return fails, undecided
 
     def judge(self, s: ParityStats) -> "ParityVerdict":
@@ -137,15 +163,17 @@ DEFAULT_THRESHOLDS: dict[str, Thresholds] = {
 EXPORT_THRESHOLDS = Thresholds(max_abs=1e-4, cos_min=0.99999)
 
 
-def _undecided_drop(s: ParityStats, drop: float, lo: float, hi: float, bound: float) -> str:
+def _undecided_drop(s: ParityStats, drop: float, lo: float, hi: float, bound: float, what: str = "top-1 accuracy",
+                    flips: tuple[int, int] | None = None) -> str:
     from .stats import drop_decided, images_to_resolve
 
-    n, down, up = max(s.n, 1), s.flips_down or 0, s.flips_up or 0
+    down, up = flips or (s.flips_down or 0, s.flips_up or 0)
+    n = max(s.n, 1)
     need = images_to_resolve(drop / 100, (down + up) / n, bound / 100, s.n,
                              decided=drop_decided(down / n, up / n, bound / 100))
     more = f"; about {need:,} would resolve {bound:g} points" if need else ""
-    return (f"inconclusive: top-1 accuracy drop {drop:.2f} points, 95% interval {lo:.2f} to {hi:.2f}, is not within "
-            f"{bound:g} on {s.n:,} images ({s.flips_down} flipped down, {s.flips_up} up){more}")
+    return (f"inconclusive: {what} drop {drop:.2f} points, 95% interval {lo:.2f} to {hi:.2f}, is not within "
+            f"{bound:g} on {s.n:,} images ({down} flipped down, {up} up){more}")
 
 
 def _undecided_agreement(s: ParityStats, bound: float) -> str:
@@ -201,6 +229,12 @@ def describe(s: ParityStats) -> str:
                                                  if s.top1_agree_ci else "")
     text = (f"max abs {s.max_abs:.3g}, mean abs {s.mean_abs:.3g}, cosine min {s.cos_min:.5f} / mean {s.cos_mean:.5f}, "
             f"{agree}, top-5 agree {s.top5_agree:.1%}")
+    if s.embedding:
+        text = text.split(", top-1 agree")[0] + f", nearest neighbour the same for {s.neighbour_agree:.1%}"
+        if s.knn_acc is not None and s.knn_acc_ref is not None and s.knn_drop_ci is not None:
+            text += (f", k-NN top-1 {s.knn_acc_ref:.2%} -> {s.knn_acc:.2%}, drop {s.knn_drop:+.2f} points (95% "
+                     f"{s.knn_drop_ci[0]:+.2f} to {s.knn_drop_ci[1]:+.2f})")
+        return text
     if s.acc is None or s.acc_ref is None:
         return text
     drop = "" if s.acc_drop_ci is None else (f", drop {s.acc_drop:+.2f} points (95% {s.acc_drop_ci[0]:+.2f} to "
