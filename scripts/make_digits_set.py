@@ -22,38 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
+from vitexport.data.digits import write_set
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = REPO_ROOT / "calibration" / "digits" / "heldout"
-
-
-def sources(root: Path) -> list[tuple[np.ndarray, str]]:
-    """(8x8 uint8 image, class folder) of every held-out digit, in a fixed order."""
-    out = []
-    for cls in sorted(d.name for d in root.iterdir() if d.is_dir()):
-        for f in sorted((root / cls).glob("*.png")):
-            out.append((np.asarray(Image.open(f).convert("L"), dtype=np.uint8), cls))
-    if not out:
-        raise SystemExit(f"No digits under {root}.")
-    return out
-
-
-def variant(img8: np.ndarray, rng: np.random.Generator, size: int) -> Image.Image:
-    """One deterministic variation of an 8x8 digit, as a size x size RGB image."""
-    dy, dx = rng.integers(-1, 2, size=2)
-    shifted = np.roll(np.roll(np.pad(img8, 1), dy, axis=0), dx, axis=1)[1:-1, 1:-1]  # ink never wraps round
-    scale = rng.uniform(0.9, 1.1)
-    inner = max(4, int(round(size * scale)))
-    big = Image.fromarray(shifted).resize((inner, inner), Image.BILINEAR)
-    canvas = Image.new("L", (max(size, inner), max(size, inner)), 0)
-    off = (canvas.size[0] - inner) // 2
-    canvas.paste(big, (off, off))
-    left = (canvas.size[0] - size) // 2
-    a = np.asarray(canvas.crop((left, left, left + size, left + size)), dtype=np.float64)
-    a = np.clip(a + rng.normal(0.0, 8.0, a.shape), 0, 255).round().astype(np.uint8)
-    return Image.fromarray(a).convert("RGB")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,19 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.force:
             ap.error(f"{args.out} is not empty; pass --force to replace it")
         shutil.rmtree(args.out)
-    src, rng, t0 = sources(HELDOUT), np.random.default_rng(args.seed), time.perf_counter()
-    staging = args.out.with_name(f".{args.out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    for cls in sorted({c for _, c in src}):
-        (staging / cls).mkdir(parents=True)
-    for i in range(args.count):
-        img8, cls = src[i % len(src)]
-        kw = {"quality": 90} if args.format == "jpg" else {}
-        variant(img8, rng, args.size).save(staging / cls / f"{i:06d}.{args.format}", **kw)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    if args.out.exists():
+    elif args.out.exists():
         args.out.rmdir()
-    staging.rename(args.out)
+    t0 = time.perf_counter()
+    write_set(HELDOUT, args.out.resolve(), args.count, args.size, args.format, args.seed)
     print(f"wrote {args.count:,} images to {args.out} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     return 0
 

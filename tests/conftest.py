@@ -12,6 +12,19 @@ ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def generated_sets(tmp_path_factory):
+    """Data sets vitexport generates into its cache (the digits' default bench set) go to a folder of the session,
+    not the user's cache."""
+    old = os.environ.get("VITEXPORT_CACHE")
+    os.environ["VITEXPORT_CACHE"] = str(tmp_path_factory.mktemp("vitexport-cache"))
+    yield Path(os.environ["VITEXPORT_CACHE"])
+    if old is None:
+        os.environ.pop("VITEXPORT_CACHE", None)
+    else:
+        os.environ["VITEXPORT_CACHE"] = old
+
+
 @pytest.fixture
 def ctrl_c():
     """Python's own SIGINT handler for the test: a shell that starts jobs in the background (nohup, some CI

@@ -38,6 +38,11 @@ def figure_lines(report: "BenchReport") -> list[str]:
     return out
 
 
+def source_line(data: dict) -> str:
+    """'Data: the 2,000 images of DIR, generated once from ...' for a default set that was generated ('' else)."""
+    return f"Data: the {data['n']:,} images of {data['source']}, {data['generated']}." if data.get("generated") else ""
+
+
 def labels_line(data: dict) -> str:
     """'Labels: 200 class folders read as WordNet synsets, 200 of the model's 1000 classes.' ('' unlabelled)"""
     lab = data.get("labels")

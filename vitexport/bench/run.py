@@ -27,7 +27,7 @@ from ..model.labels import class_names
 from ..model.spec import ModelSpec
 from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, judge
 from ..parity.knn import DEFAULT_K, DEFAULT_T
-from ..paths import default_heldout_dir, display_path
+from ..paths import DIGITS_VARIANT, default_heldout_dir, display_path
 from ..precision.settings import CalibOptions
 from ..preflight import check_batches
 from ..progress import QUIET, Log
@@ -45,6 +45,10 @@ ORT_KINDS = {"cpu": ("fp32", "fp16", "int8", "int8-trt", "fp8"), "cuda": ("fp32"
 PLAN_ORDER = ("fp16", "int8", "fp8", "fp32")  # TensorRT plans, in the order they are run and listed
 # OpenVINO CPU rows: row precision -> the ONNX kind it reads (bf16: the FP32 graph, OpenVINO's bf16 inference precision)
 OPENVINO_ROWS = {"fp32": "fp32", "bf16": "fp32", "int8": "int8"}
+
+
+GENERATED_NOTE = ("generated once from the 360 held-out digits (moved, rescaled, noised: vitexport.data.digits), "
+                  "which alone are too few to decide the default bounds; --data calibration/digits/heldout for those")
 
 
 @dataclass
@@ -197,7 +201,7 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
                  size: tuple[int, int] | None = None) -> ValidationSet:
     if size is not None:
         manifest = replace(manifest, preprocess=replace(manifest.preprocess, input_size=tuple(size)))
-    data_dir = Path(opts.data) if opts.data else default_heldout_dir(manifest.variant)
+    data_dir = Path(opts.data) if opts.data else default_bench_data(manifest.variant, log)
     int8 = manifest.precisions.get("int8")
     calib_dir = None if int8 is None or int8.calibration is None else int8.calibration.data
     if calib_dir and Path(calib_dir).resolve() == data_dir.resolve():
@@ -205,6 +209,22 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
                  "than on unseen images.")
     return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log,
                            class_names(manifest), opts.labels)
+
+
+def default_bench_data(variant: str, log: Log = QUIET) -> Path:
+    """The set a bench without --data validates on: for the digits model, DEFAULT_COUNT images generated once from
+    its held-out digits (data.digits: 360 cannot decide the default bounds); else the shipped held-out images."""
+    from ..data.digits import DEFAULT_COUNT, cached_set
+
+    shipped = default_heldout_dir(variant)
+    if variant != DIGITS_VARIANT:
+        return shipped
+    try:
+        return cached_set(shipped)
+    except OSError as e:
+        log.warn(f"Could not make the digits' default set of {DEFAULT_COUNT:,} images in the cache ({e.strerror or e}; "
+                 f"$VITEXPORT_CACHE moves it): validating on the {shipped} images instead.")
+        return shipped
 
 
 def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], opts: BenchOptions,
@@ -262,8 +282,9 @@ def _relative(latencies: list[Latency], ref: Reference) -> None:
             lat.relative_to_reference = lat.throughput / ref.throughput[lat.batch]
 
 
-def _data(vset: ValidationSet, num_classes: int, knn: tuple[int, float] | None) -> dict:
-    return {"source": display_path(vset.source), "n": vset.images.total, "n_parity": len(vset),
+def _data(vset: ValidationSet, num_classes: int, knn: tuple[int, float] | None, note: str = "") -> dict:
+    return {"source": display_path(vset.source), "n": vset.images.total,
+            **({"generated": note} if note else {}), "n_parity": len(vset),
             "subset": len(vset.images) < vset.images.total, "labelled": vset.labels is not None,
             "classes": vset.images.classes, "decode": vset.inputs.decode.to_dict(),
             "skipped": vset.images.skipped.to_dict(),
@@ -339,7 +360,8 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
                     res.name, res.img_size = f"{res.name} @ {size[0]}x{size[1]}", tuple(size)
             results += at
             reference.append(ref.name)
-            data = data or _data(vset, manifest.num_classes, ref.knn)
+            data = data or _data(vset, manifest.num_classes, ref.knn, GENERATED_NOTE if opts.data is None and Path(
+                vset.source) != default_heldout_dir(manifest.variant) == Path(default_heldout_dir(DIGITS_VARIANT)) else "")
         finally:
             vset.close()
     return BenchReport(
