@@ -116,3 +116,30 @@ def test_the_knn_drop_is_judged_like_accuracy_and_argmax_agreement_is_not():
     assert fails and "k-NN" in fails[0] and not undecided
     fails, undecided = bound.assess(_knn_stats(0.5, 2.5))
     assert not fails and "k-NN top-1 drop" in undecided[0]
+
+
+def test_predict_writes_a_headless_models_embeddings_with_their_file_order(headless, tmp_path):
+    from vitexport.artifacts.folder import ModelFolder
+
+    folder = ModelFolder(headless)
+    out = tmp_path / "emb.npy"
+    r = CliRunner().invoke(cli, ["predict", str(headless), str(HELDOUT / "3"), str(HELDOUT / "7"), "--embeddings",
+                                 str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    files = [Path(line).resolve() for line in (tmp_path / "emb.files.txt").read_text().splitlines()]  # as given, or relative to here
+    assert files == sorted(HELDOUT.glob("3/*.png")) + sorted(HELDOUT.glob("7/*.png"))
+    got = np.load(out)
+    want = _embeddings(folder.onnx("fp32"), files, folder.read_manifest().preprocess)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    lines = CliRunner().invoke(cli, ["predict", str(headless), str(HELDOUT / "3"), "--jsonl", "-q"]).output
+    rows = [json.loads(x) for x in lines.splitlines() if x.startswith("{")]
+    np.testing.assert_allclose(np.array([x["embedding"] for x in rows]), want[:len(rows)], atol=1e-5)
+
+
+def test_predict_on_a_headless_model_without_an_output_asks_for_one(headless, tmp_path):
+    from conftest import fails_cleanly
+
+    r = CliRunner().invoke(cli, ["predict", str(headless), str(HELDOUT / "3")])
+    assert r.exit_code != 0
+    fails_cleanly(r, "--embeddings OUT.npy")

@@ -37,8 +37,12 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
               help='Print a JSON list of {"image", "top": [{"index", "label", "prob"}]} instead of a table.')
 @click.option("--jsonl", "as_jsonl", is_flag=True,
               help="Print one JSON object per image, per line, as each is classified (for large folders).")
+@click.option("--embeddings", "embeddings_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="OUT.npy", help="A feature extractor (exported with --num-classes 0): write its embeddings as "
+                                      "an (N, D) float32 array, with the images in row order in OUT.files.txt. "
+                                      "(--jsonl/--json give them as vectors instead.)")
 @use(MODEL, QUIET)
-def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, spec, log):
+def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddings_out, spec, log):
     """Classify images with the model's own preprocessing: top-k classes and their probabilities.
 
     MODEL_DIR is an exported model folder (or its model.onnx). Without it, the folder of --model
@@ -55,7 +59,14 @@ def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, spec, l
         raise VitexportError(f"--top-k must be at least 1, not {top_k}.")
     if as_json and as_jsonl:
         raise click.UsageError("--json and --jsonl are exclusive: give one.")
+    if embeddings_out is not None and (as_json or as_jsonl):
+        raise click.UsageError("--embeddings writes a file; --json and --jsonl print: give one.")
+    if embeddings_out is not None and embeddings_out.suffix != ".npy":
+        raise click.UsageError(f"--embeddings {embeddings_out}: give a .npy file name.")
     folder = open_model(target, spec, log=log)
+    if embeddings_out is not None or folder.read_manifest().num_classes <= 0:
+        _embeddings(folder, images, backend, precision, as_json, as_jsonl, embeddings_out, log)
+        return
     results = iter_predictions(folder, images, backend=backend, precision=precision, top_k=top_k, log=log)
     if as_json:  # one JSON document: the whole list at the end
         click.echo(to_json(list(results)))
@@ -63,3 +74,29 @@ def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, spec, l
     width = label_width(folder)
     for p in results:  # streamed: memory stays flat however many images
         click.echo(json.dumps(p.to_dict()) if as_jsonl else table_block(p, width))
+
+
+def _embeddings(folder, images, backend, precision, as_json, as_jsonl, out, log) -> None:
+    """A feature extractor's embeddings: to OUT.npy (+ OUT.files.txt), or as vectors in JSON lines / a JSON list."""
+    import json
+
+    from ..deploy.predict import collect_images, iter_embeddings, write_embeddings
+    from ..paths import display_path
+
+    if out is None and not (as_json or as_jsonl):
+        raise VitexportError(f"{folder.path} holds a feature extractor (no classification head): it has no classes "
+                             f"to predict; write its embeddings with --embeddings OUT.npy, or --jsonl.")
+    files = collect_images(images)
+    batches = iter_embeddings(folder, files, backend=backend, precision=precision, log=log)
+    if out is not None:
+        npy, listing = write_embeddings(batches, len(files), out)
+        log.info(f"wrote {len(files):,} embeddings to {display_path(npy)} (images in row order: "
+                 f"{display_path(listing)})")
+        return
+    rows = ({"image": display_path(f), "embedding": [float(v) for v in e]} for fs, emb in batches
+            for f, e in zip(fs, emb))
+    if as_json:
+        click.echo(json.dumps(list(rows)))
+        return
+    for row in rows:
+        click.echo(json.dumps(row))

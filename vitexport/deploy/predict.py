@@ -26,7 +26,7 @@ from ..data.images import IMAGE_SUFFIXES, Skipped, list_images, normalise
 from ..data.stream import Decoded, decoded_crops, default_workers
 from ..errors import BackendUnavailable, VitexportError
 from ..model.labels import class_names
-from ..paths import display_path
+from ..paths import atomic_path, display_path
 from ..progress import QUIET, Log
 
 BACKENDS = ("onnxruntime", "pytorch", "openvino", "tensorrt")
@@ -148,13 +148,33 @@ def iter_predictions(folder: ModelFolder, images: Sequence[Path | str], *, backe
         raise VitexportError(f"--top-k must be at least 1, not {top_k}.")
     manifest = folder.read_manifest()
     if manifest.num_classes <= 0:
-        raise VitexportError(f"{folder.path} holds a feature extractor (no classification head); predict needs "
-                             f"a classifier.")
+        raise VitexportError(f"{folder.path} holds a feature extractor (no classification head): it has no classes "
+                             f"to predict; write its embeddings with --embeddings OUT.npy or --jsonl.")
     if manifest.checkpoint is None:
         log.warn(f"{folder.path} holds random weights: its classes are meaningless.")
-    names, pp = class_names(manifest), manifest.preprocess
-    files = collect_images(images)
+    names = class_names(manifest)
     k = min(top_k, manifest.num_classes)
+    for files, out in _outputs(folder, manifest, images, backend, precision, batch, workers, log):
+        yield from (Prediction(display_path(f), top) for f, top in zip(files, top_classes(out, k, names)))
+
+
+def iter_embeddings(folder: ModelFolder, images: Sequence[Path | str], *, backend: str = "onnxruntime",
+                    precision: str = "fp32", batch: int = 8, workers: int | None = None,
+                    log: Log = QUIET) -> Iterator[tuple[list[Path], np.ndarray]]:
+    """A feature extractor's (`--num-classes 0`) embeddings of every image, batch by batch: (files, (B, D))."""
+    manifest = folder.read_manifest()
+    if manifest.num_classes > 0:
+        raise VitexportError(f"{folder.path} holds a classifier ({manifest.num_classes} classes): its output is "
+                             f"logits, not embeddings; export the model with --num-classes 0 for its embeddings.")
+    yield from _outputs(folder, manifest, images, backend, precision, batch, workers, log)
+
+
+def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | str], backend: str, precision: str,
+             batch: int, workers: int | None, log: Log) -> Iterator[tuple[list[Path], np.ndarray]]:
+    """The model's outputs, batch by batch, with their files: images are decoded by a pool of threads a few
+    batches ahead, so memory holds a few batches whatever their number."""
+    pp = manifest.preprocess
+    files = collect_images(images)
     crops = _every_crop(decoded_crops(files, pp, workers or default_workers(), chunk=batch))
     first = next(crops)  # a bad first image fails before any runner is loaded
     with reading(folder, log):  # no other run replaces the file between its check and its loading
@@ -162,11 +182,32 @@ def iter_predictions(folder: ModelFolder, images: Sequence[Path | str], *, backe
     try:
         with log.bar("predicting", len(files)) as advance:
             for start, chunk in zip(range(0, len(files), batch), itertools.chain([first], crops)):
-                tops = top_classes(runner.infer_all(normalise(chunk, pp), chunk=batch), k, names)
-                yield from (Prediction(display_path(f), top) for f, top in zip(files[start:start + batch], tops))
+                out = np.asarray(runner.infer_all(normalise(chunk, pp), chunk=batch), np.float32)
+                yield files[start:start + batch], out.reshape(len(out), -1)
                 advance(len(chunk))
     finally:
         runner.close()
+
+
+def write_embeddings(batches: Iterator[tuple[list[Path], np.ndarray]], count: int, out: Path) -> tuple[Path, Path]:
+    """OUT.npy, an (N, D) float32 array written as the batches come (its header first: N is known), and the
+    sidecar OUT.files.txt, its rows' images one per line; both renamed into place at the end, never half-written."""
+    import numpy.lib.format as npformat
+
+    listing = out.with_suffix(".files.txt")
+    with atomic_path(out) as tmp, atomic_path(listing) as tmp_list, open(tmp, "wb") as f, \
+            open(tmp_list, "w", encoding="utf-8") as names:
+        rows = 0
+        for files, emb in batches:
+            if rows == 0:
+                npformat.write_array_header_1_0(f, {"descr": npformat.dtype_to_descr(np.dtype("<f4")),
+                                                    "fortran_order": False, "shape": (count, emb.shape[1])})
+            f.write(np.ascontiguousarray(emb, "<f4").tobytes())
+            names.writelines(f"{display_path(p)}\n" for p in files)
+            rows += len(emb)
+        if rows != count:
+            raise VitexportError(f"{rows} embeddings were computed for {count} images; nothing was written.")
+    return out, listing
 
 
 def _every_crop(chunks: Iterator[Decoded]) -> Iterator[np.ndarray]:
