@@ -241,7 +241,8 @@ def test_bench_times_a_dynamic_export_at_each_size(bicubic_export, tmp_path):
     out = tmp_path / "b.json"
     r = CliRunner().invoke(cli, ["bench", str(bicubic_export), "--img-size", "32", "--img-size", "16x48",
                                  "--backend", "onnxruntime cpu fp32", "--batch", "1", "--batch", "2",
-                                 "--max-images", "60", "--iterations", "2", "--min-time", "0", "--json", str(out)])
+                                 "--max-images", "60", "--iterations", "2", "--min-time", "0", "--json", str(out),
+                                 "--data", str(HELDOUT)])  # the originals: read well at the size trained
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
     rows = {x["name"]: x for x in report["results"]}

@@ -14,45 +14,11 @@ from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..parity.compare import ParityStats, ParityVerdict
 from ..paths import plain_name, write_text_atomic
+from .fields import Fields as _Fields, config_field as _config, outputs_field as _outputs, pair_field as _pair, \
+    size_range_field as _size_range
 
 FORMAT = "vitexport-manifest/1"  # written by this version
 READABLE_FORMATS = (FORMAT,)  # read by this version
-
-
-class _Fields:
-    """Reads typed fields out of one JSON object, naming the file and the field when one is missing or wrong."""
-
-    def __init__(self, data: Any, where: str, path: Path) -> None:
-        if not isinstance(data, dict):
-            raise VitexportError(f"{path} holds a JSON {type(data).__name__} where {where or 'a manifest'} "
-                                 f"should be an object; re-export the model.")
-        self.data, self.where, self.path = data, where, path
-
-    def _name(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def req(self, key: str, kind: type | tuple[type, ...] = object) -> Any:
-        if key not in self.data:
-            raise VitexportError(f"{self.path} lacks the field {self._name(key)!r}; re-export the model.")
-        return self.check(key, self.data[key], kind)
-
-    def opt(self, key: str, kind: type | tuple[type, ...] = object, default: Any = None) -> Any:
-        value = self.data.get(key, default)
-        return default if value is None else self.check(key, value, kind)
-
-    def check(self, key: str, value: Any, kind: type | tuple[type, ...]) -> Any:
-        if not isinstance(value, kind):
-            raise VitexportError(f"{self.path} has a {type(value).__name__} in the field {self._name(key)!r}, "
-                                 f"which is not what vitexport writes there; re-export the model.")
-        return value
-
-    def sub(self, key: str) -> "_Fields | None":
-        value = self.data.get(key)
-        return None if value is None else _Fields(value, self._name(key), self.path)
-
-    def rest(self, known: set[str]) -> dict[str, Any]:
-        """Fields this version does not know: kept as they are, so a rewrite does not lose them."""
-        return {k: v for k, v in self.data.items() if k not in known}
 
 
 def _stats(f: _Fields) -> ParityStats:
@@ -292,6 +258,8 @@ class Manifest:
     precisions: dict[str, PrecisionRecord] = field(default_factory=dict)  # converted ONNX files, by kind
     labels: LabelsRecord | None = None  # where the class names come from; None: features, or an older export
     img_size_range: tuple[tuple[int, int], tuple[int, int]] | None = None  # a dynamic-size export's (min, max) H x W
+    outputs: dict[str, list[Any]] | None = None  # every graph output (model.outputs), name -> shape, in graph order;
+    # None: an export made before --outputs, whose one output is output_name
     format: str = FORMAT  # the manifest format's name and version
     extra: dict[str, Any] = field(default_factory=dict)  # fields this version does not know, kept
 
@@ -309,6 +277,7 @@ class Manifest:
             "precisions": {k: r.to_dict() for k, r in self.precisions.items()},
             **({} if self.labels is None else {"labels": self.labels.to_dict()}),
             **({} if self.img_size_range is None else {"img_size_range": [list(s) for s in self.img_size_range]}),
+            **({} if self.outputs is None else {"outputs": {k: list(v) for k, v in self.outputs.items()}}),
             **self.extra,
         }
 
@@ -341,8 +310,16 @@ class Manifest:
             precisions={k: PrecisionRecord.from_fields(_Fields(v, f"precisions.{k}", path))
                         for k, v in precisions.items()},
             labels=LabelsRecord.from_fields(labels) if labels else None, format=fmt, extra=f.rest(known),
-            img_size_range=_size_range(f),
+            img_size_range=_size_range(f), outputs=_outputs(f),
         )
+
+    @property
+    def output_names(self) -> list[str]:
+        """The graph's outputs, in order (the judged one, output_name, among them)."""
+        return list(self.outputs) if self.outputs else [self.output_name]
+
+    def output_shape_of(self, name: str) -> list[Any]:
+        return list((self.outputs or {}).get(name, self.output_shape))
 
     def provenance(self) -> dict[str, Any]:
         """The fields that make two exports the same model."""
@@ -350,37 +327,6 @@ class Manifest:
                 "checkpoint_sha256": None if self.checkpoint is None else self.checkpoint.sha256,
                 "seed": self.seed, "pos_embed_interp": self.pos_embed_interp}
 
-
-# the model.ViTConfig fields that decide the model's shapes: without one, a rebuilt model would silently take a
-# default (another width, depth, ...)
-CONFIG_SHAPE_FIELDS = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads",
-                       "mlp_ratio")
-
-
-def _config(f: _Fields) -> dict[str, Any]:
-    config = f.req("config", dict)
-    missing = [k for k in CONFIG_SHAPE_FIELDS if k not in config]
-    if missing:
-        raise VitexportError(f"{f.path} lacks the field 'config.{missing[0]}'; re-export the model.")
-    return config
-
-
-def _size_range(f: _Fields) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    value = f.opt("img_size_range", list)
-    if value is None:
-        return None
-    if len(value) != 2 or not all(isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and v > 0 for v in s)
-                                  for s in value):
-        raise VitexportError(f"{f.path} has {value!r} in the field 'img_size_range', not two sizes [H, W]; "
-                             f"re-export the model.")
-    return (value[0][0], value[0][1]), (value[1][0], value[1][1])
-
-
-def _pair(f: _Fields, key: str) -> tuple[int, int]:
-    value = f.req(key, list)
-    if len(value) != 2 or not all(isinstance(v, int) for v in value):
-        raise VitexportError(f"{f.path} has {value!r} in the field {key!r}, not two sizes; re-export the model.")
-    return (value[0], value[1])
 
 
 def read_manifest(path: Path) -> Manifest:

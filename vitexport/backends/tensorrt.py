@@ -34,8 +34,9 @@ class TensorRTRunner(Runner):
     device = "cuda"
     provider = ""
 
-    def __init__(self, plan_path: Path | str, precision: str | None = None) -> None:
+    def __init__(self, plan_path: Path | str, precision: str | None = None, output_name: str | None = None) -> None:
         super().__init__()
+        self.output_name = output_name  # the output judged, of an engine with several (model.outputs)
         self.plan_path = Path(plan_path)
         self.sidecar_path = sidecar_for(self.plan_path)
         self.precision = precision or precision_from_plan_name(self.plan_path) or "fp32"
@@ -45,12 +46,13 @@ class TensorRTRunner(Runner):
         self._context: trt.IExecutionContext | None = None
         self._input = ""
         self._output = ""
+        self._outputs: list[str] = []  # every output: each needs an address to run
         self._batch_range = (1, 1)
         self._chw: tuple[int, ...] = ()  # the smallest (C, H, W) the engine takes
         self._chw_max: tuple[int, ...] = ()  # the largest: the same but for a dynamic-size engine
         self._in_dtype: Any = None
-        self._out_dtype: Any = None
-        self._out_buffers: dict[tuple[int, ...], Any] = {}
+        self._out_dtypes: dict[str, Any] = {}
+        self._out_buffers: dict[tuple[str, tuple[int, ...]], Any] = {}
         self._bound_batch = 0  # the batch _bind() set up last (for _execute's message)
         self._stream: Any = None  # a CudaStream, made by load()
         self._source: Path | None = None  # the ONNX the plan was built from (its sidecar says which)
@@ -118,20 +120,23 @@ class TensorRTRunner(Runner):
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        if len(inputs) != 1 or len(outputs) != 1:  # every output needs an address to run: refused here, not later
-            raise BackendUnavailable(f"{self.plan_path.name} has inputs {inputs} and outputs {outputs}; "
-                                     f"a ViT engine has one image input and one logits output.")
-        self._input, self._output = inputs[0], outputs[0]
+        want = self.output_name if self.output_name else outputs[0] if len(outputs) == 1 else None
+        if len(inputs) != 1 or not outputs or want not in outputs:
+            raise BackendUnavailable(f"{self.plan_path.name} has inputs {inputs} and outputs {outputs}; a ViT engine "
+                                     f"has one image input and {want or 'one named'} output.")
+        self._input, self._output, self._outputs = inputs[0], want, outputs
         mn, _opt, mx = engine.get_tensor_profile_shape(self._input, 0)
         self._batch_range = (int(mn[0]), int(mx[0]))
         self.batch_range = self._batch_range
         self._chw = tuple(int(mn[i]) for i in range(1, len(mn)))
         self._chw_max = tuple(int(mx[i]) for i in range(1, len(mx)))
-        in_dt, out_dt = engine.get_tensor_dtype(self._input), engine.get_tensor_dtype(self._output)
-        if in_dt not in torch_dtypes or out_dt not in torch_dtypes:
-            raise BackendUnavailable(f"{self.plan_path.name} has I/O types {in_dt} / {out_dt}, which this runner "
-                                     f"cannot bind.")
-        self._in_dtype, self._out_dtype = torch_dtypes[in_dt], torch_dtypes[out_dt]
+        in_dt, out_dts = engine.get_tensor_dtype(self._input), [engine.get_tensor_dtype(o) for o in outputs]
+        out_dt = out_dts[outputs.index(self._output)]
+        if in_dt not in torch_dtypes or any(d not in torch_dtypes for d in out_dts):
+            raise BackendUnavailable(f"{self.plan_path.name} has I/O types {in_dt} / {', '.join(map(str, out_dts))}, "
+                                     f"which this runner cannot bind.")
+        self._in_dtype = torch_dtypes[in_dt]
+        self._out_dtypes = {o: torch_dtypes[d] for o, d in zip(outputs, out_dts)}
         context = engine.create_execution_context()
         if context is None:
             raise BackendUnavailable(f"TensorRT could not create an execution context for {self.plan_path.name} "
@@ -209,13 +214,16 @@ class TensorRTRunner(Runner):
         check_batch(shape[0], *self._batch_range, self.plan_path.name)
         if not context.set_input_shape(self._input, shape):
             raise VitexportError(f"TensorRT rejected the input shape {shape} for {self.plan_path.name}.")
-        dims = context.get_tensor_shape(self._output)
-        out_shape = tuple(int(dims[i]) for i in range(len(dims)))
-        out = self._out_buffers.get(out_shape)
-        if out is None:
-            out = self._out_buffers[out_shape] = stream.empty(out_shape, self._out_dtype)
         context.set_tensor_address(self._input, int(staged.data_ptr()))
-        context.set_tensor_address(self._output, int(out.data_ptr()))
+        for name in self._outputs:  # every output gets an address (its buffer one per shape, reused)
+            dims = context.get_tensor_shape(name)
+            key = (name, tuple(int(dims[i]) for i in range(len(dims))))
+            buf = self._out_buffers.get(key)
+            if buf is None:
+                buf = self._out_buffers[key] = stream.empty(key[1], self._out_dtypes[name])
+            context.set_tensor_address(name, int(buf.data_ptr()))
+            if name == self._output:
+                out = buf
         self._bound_batch = shape[0]
         return out
 

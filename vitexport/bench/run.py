@@ -22,7 +22,6 @@ from ..backends.base import Runner
 from ..ensure import ensure_artifact, open_model
 from ..environment import cuda_gpu, environment
 from ..errors import BackendUnavailable, ParityError, VitexportError
-from ..export.torch_model import model_from_manifest
 from ..model.labels import class_names
 from ..model.spec import ModelSpec
 from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, judge
@@ -33,6 +32,7 @@ from ..preflight import check_batches
 from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, open_validation
 from .against import Reference, parity_pass
+from .plan import GENERATED_NOTE, torch_model, bench_sizes, default_bench_data, judged_output
 from .latency import Latency, measure_latency, takes_batch
 from .served import EndpointOptions, endpoint_runners, partial, probe, time_served
 
@@ -45,10 +45,6 @@ ORT_KINDS = {"cpu": ("fp32", "fp16", "int8", "int8-trt", "fp8"), "cuda": ("fp32"
 PLAN_ORDER = ("fp16", "int8", "fp8", "fp32")  # TensorRT plans, in the order they are run and listed
 # OpenVINO CPU rows: row precision -> the ONNX kind it reads (bf16: the FP32 graph, OpenVINO's bf16 inference precision)
 OPENVINO_ROWS = {"fp32": "fp32", "bf16": "fp32", "int8": "int8"}
-
-
-GENERATED_NOTE = ("generated once from the 360 held-out digits (moved, rescaled, noised: vitexport.data.digits), "
-                  "which alone are too few to decide the default bounds; --data calibration/digits/heldout for those")
 
 
 @dataclass
@@ -67,6 +63,7 @@ class BenchOptions:
     img_sizes: tuple[tuple[int, int], ...] | None = None  # a dynamic-size export: bench at each (None: its default)
     workers: int | None = None  # decoding threads (None: data.stream.default_workers)
     labels: tuple[Path, ...] = ()  # label files for --data (data.labelfile)
+    judge_output: str | None = None  # the output judged (model.outputs; None: the manifest's output_name)
     knn_k: int = DEFAULT_K  # an embedding model's k-NN (parity.knn)
     knn_t: float = DEFAULT_T
     endpoints: EndpointOptions = field(default_factory=EndpointOptions)  # served models (bench/served.py)
@@ -139,12 +136,14 @@ class BenchReport:
 
 
 def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = None, *, prepare: bool = True,
-                  sizes: tuple[tuple[int, int], ...] | None = None, log: Log = QUIET) -> ModelFolder:
+                  sizes: tuple[tuple[int, int], ...] | None = None, judge_output: str | None = None,
+                  log: Log = QUIET) -> ModelFolder:
     """The folder to bench, with its FP16/INT8 ONNX made when missing (default options; the bench checks parity
     itself). A kind that cannot be made is warned about and then listed as unavailable. Sizes the export cannot
-    take are refused first, before anything is made."""
+    take, and an output it does not have, are refused first, before anything is made."""
     folder = open_model(target, spec, export=prepare, verify=False, log=log)  # a wrong file: a FAIL in the table
     bench_sizes(folder.read_manifest(), sizes)
+    judged_output(folder.read_manifest(), judge_output)
     if prepare:
         for kind in PREPARED_KINDS + (GPU_PREPARED_KINDS if cuda_gpu() is not None else ()):
             try:
@@ -174,28 +173,11 @@ def discover(folder: ModelFolder, model, threads: int, gpu: bool,
             runners.append(OrtRunner(folder.onnx(kind), artifact_kind(kind).precision, ep,
                                      threads if ep == "cpu" else None, kind=kind, **names))
     runners += [OpenVinoRunner(folder.onnx(kind), prec, threads, **names) for prec, kind in OPENVINO_ROWS.items()]
-    runners += [TensorRTRunner(folder.plan(prec)) for prec in PLAN_ORDER]
+    runners += [TensorRTRunner(folder.plan(prec), output_name=None if io is None else io[1]) for prec in PLAN_ORDER]
     return runners
 
 
 # -- the whole job ------------------------------------------------------------------------------------------
-
-def bench_sizes(manifest: Manifest, sizes: tuple[tuple[int, int], ...] | None) -> list[tuple[int, int] | None]:
-    """The image sizes to bench at: [None] (the export's own) unless a dynamic-size export is given sizes in its
-    range, in whole patches; one sentence otherwise."""
-    if not sizes or (manifest.img_size_range is None and set(map(tuple, sizes)) == {tuple(manifest.img_size)}):
-        return [None]
-    if manifest.img_size_range is None:
-        raise VitexportError(f"{manifest.variant} was exported for {manifest.img_size[0]}x{manifest.img_size[1]} "
-                             f"only; bench other sizes with an export made with `vitexport onnx --dynamic-img-size`.")
-    (h0, w0), (h1, w1) = manifest.img_size_range
-    ph, pw = manifest.patch_size
-    for h, w in sizes:
-        if not (h0 <= h <= h1 and w0 <= w <= w1) or h % ph or w % pw:
-            raise VitexportError(f"--img-size {h}x{w} is not one this export takes: from {h0}x{w0} to {h1}x{w1}, in "
-                                 f"multiples of the patch size {ph}x{pw}.")
-    return list(dict.fromkeys(tuple(s) for s in sizes))
-
 
 def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
                  size: tuple[int, int] | None = None) -> ValidationSet:
@@ -209,22 +191,6 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
                  "than on unseen images.")
     return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log,
                            class_names(manifest), opts.labels)
-
-
-def default_bench_data(variant: str, log: Log = QUIET) -> Path:
-    """The set a bench without --data validates on: for the digits model, DEFAULT_COUNT images generated once from
-    its held-out digits (data.digits: 360 cannot decide the default bounds); else the shipped held-out images."""
-    from ..data.digits import DEFAULT_COUNT, cached_set
-
-    shipped = default_heldout_dir(variant)
-    if variant != DIGITS_VARIANT:
-        return shipped
-    try:
-        return cached_set(shipped)
-    except OSError as e:
-        log.warn(f"Could not make the digits' default set of {DEFAULT_COUNT:,} images in the cache ({e.strerror or e}; "
-                 f"$VITEXPORT_CACHE moves it): validating on the {shipped} images instead.")
-        return shipped
 
 
 def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], opts: BenchOptions,
@@ -333,12 +299,9 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
 
 def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[FileCheck], threads: int,
            gpu: bool, batches: tuple[int, ...], opts: BenchOptions, t_start: float, log: Log) -> BenchReport:
-    try:
-        model = model_from_manifest(manifest)
-    except VitexportError as e:
-        model = None
-        log.warn(f"PyTorch backends unavailable: {e}.")
-    runners = discover(folder, model, threads, gpu, (manifest.input_name, manifest.output_name))
+    output, embedding = judged_output(manifest, opts.judge_output)
+    model = torch_model(manifest, output, log)
+    runners = discover(folder, model, threads, gpu, (manifest.input_name, output))
     if opts.backends:
         runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends)
                    or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu")]
@@ -351,9 +314,9 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
     results: list[BackendResult] = []
     data, reference = {}, []
     for size in sizes:  # one pass over the data per size, each against the PyTorch reference at that size
-        vset = _open_inputs(manifest, opts, log, size)
+        vset = _open_inputs(replace(manifest, num_classes=0) if embedding else manifest, opts, log, size)
         try:
-            ref = Reference((opts.knn_k, opts.knn_t) if manifest.num_classes <= 0 else None)
+            ref = Reference((opts.knn_k, opts.knn_t) if embedding else None)
             at = [_not_run(r, wrong) or _run_backend(r, vset, batches, opts, ref, log) for r in runners]
             if size is not None:
                 for res in at:

@@ -55,11 +55,11 @@ def _report_file(ctx: click.Context, param: click.Parameter, path: Path | None) 
 
 
 def _bench_options(data, labels, max_images, workers, batches, iterations, min_time, warmup, threads, backends,
-                   thresholds, strict, knn_k, knn_t):
+                   thresholds, strict, judge_output, knn_k, knn_t):
     """BenchOptions' fields; the command makes them one after its checks (bench.py loads torch)."""
     if labels and data is None:
         raise click.UsageError("--labels labels the images of --data; give --data too.")
-    return dict(data=data, labels=tuple(labels), knn_k=knn_k, knn_t=knn_t, max_images=max_images, workers=workers, batches=tuple(batches) or None,
+    return dict(data=data, labels=tuple(labels), judge_output=judge_output, knn_k=knn_k, knn_t=knn_t, max_images=max_images, workers=workers, batches=tuple(batches) or None,
                 iterations=iterations, min_time=min_time, warmup=warmup, threads=threads, backends=tuple(backends),
                 thresholds=thresholds, strict=strict)
 
@@ -93,6 +93,9 @@ BENCH = OptionGroup(
         opt("--strict", is_flag=True,
             help="Exit 1 when any backend misses a parity threshold, when the set is too small to decide one "
                  "(inconclusive: docs/PARITY.md), or when files of the data folder had to be skipped."),
+        opt("--judge-output", type=click.Choice(["logits", "pooled"]), default=None,
+            help="The output every row is judged by, of an export made with --outputs: pooled judges the embedding "
+                 "by its k-NN top-1 and nearest neighbours. Default: logits, or pooled for a model without a head."),
         opt("--knn-k", type=click.IntRange(min=1), default=20, show_default=True,
             help="An embedding model (no classification head): neighbours voting in its k-NN top-1 (DINO's)."),
         opt("--knn-t", type=click.FloatRange(min=0, min_open=True), default=0.07, show_default=True,
@@ -188,7 +191,8 @@ def bench_command(target, spec, opts, endpoint, no_prepare, files, log):
 
     sizes = spec.bench_sizes if target is not None or len(spec.bench_sizes) > 1 else ()
     opts = BenchOptions(**opts, img_sizes=sizes or None, endpoints=EndpointOptions(**endpoint))
-    folder = prepare_bench(target, spec, prepare=not no_prepare, sizes=opts.img_sizes, log=log)
+    folder = prepare_bench(target, spec, prepare=not no_prepare, sizes=opts.img_sizes, judge_output=opts.judge_output,
+                           log=log)
     report = run_bench(folder, opts, log)
     print_table(report)
     try:

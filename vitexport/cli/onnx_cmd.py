@@ -20,9 +20,13 @@ EXPORT = OptionGroup(
         opt("--check-batch", "check_batches", type=click.IntRange(min=1), multiple=True, default=(1, 3),
             show_default=True, help="Batch sizes to check the ONNX at (repeatable)."),
         opt("--force", is_flag=True, help="Replace an existing export of another model or checkpoint."),
+        opt("--outputs", default=None, metavar="LIST",
+            help="The graph's outputs, comma-separated, one named ONNX output each: logits (the head's), pooled "
+                 "(the pre-logits embedding), tokens (final-norm tokens, prefix included), registers, patch (patch "
+                 "tokens). Default: logits, or pooled for a model without a head (--num-classes 0)."),
     ],
-    lambda opset, atol, check_batches, force: ExportOptions(opset=opset, check_batches=tuple(check_batches),
-                                                             atol=atol, force=force),
+    lambda opset, atol, check_batches, force, outputs: ExportOptions(
+        opset=opset, check_batches=tuple(check_batches), atol=atol, force=force, outputs=outputs),
 )
 
 

@@ -12,14 +12,17 @@ from ..errors import ParityError
 from ..model.vit import VisionTransformer
 from ..parity.compare import Thresholds, compare, export_thresholds
 from ..progress import QUIET, Log
+from ..model.outputs import compute
 from .to_onnx import INPUT_NAME, OUTPUT_NAME
 
 
 def check_onnx_against_torch(onnx_path: Path, model: VisionTransformer, batches: tuple[int, ...] = (1, 3),
                              thresholds: Thresholds | None = None, seed: int = 0, log: Log = QUIET,
-                             sizes: list[tuple[int, int]] | None = None) -> list[BatchCheck]:
+                             sizes: list[tuple[int, int]] | None = None,
+                             outputs: tuple[str, ...] = (OUTPUT_NAME,)) -> list[BatchCheck]:
     """Run the ONNX in ONNX Runtime (CPU) and the model in PyTorch on the same random inputs, per batch size (and
-    per image size, for a dynamic-size export)."""
+    per image size, for a dynamic-size export): every output of `outputs` (model.outputs); a batch's check is
+    that of its worst output."""
     thresholds = thresholds or export_thresholds()
     sess = create_session(onnx_path)
     gen = torch.Generator().manual_seed(seed)
@@ -28,11 +31,15 @@ def check_onnx_against_torch(onnx_path: Path, model: VisionTransformer, batches:
     for b, size in [(b, s) for s in (sizes or [cfg.img_size]) for b in batches]:
         x = torch.randn(b, cfg.in_chans, *size, generator=gen)
         with torch.no_grad():
-            ref = model(x).numpy()
-        out = sess.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0]
-        if out.shape != ref.shape:
-            raise ParityError(f"ONNX output shape {out.shape} differs from PyTorch {ref.shape} at batch {b}.")
-        verdict = thresholds.judge(compare(ref, out))
+            features = model.forward_features(x)
+            refs = [compute(model, features, name).numpy() for name in outputs]
+        outs = sess.run(list(outputs), {INPUT_NAME: x.numpy()})
+        verdicts = []
+        for name, ref, out in zip(outputs, refs, outs):
+            if out.shape != ref.shape:
+                raise ParityError(f"ONNX output {name} has shape {out.shape}, PyTorch's {ref.shape}, at batch {b}.")
+            verdicts.append(thresholds.judge(compare(ref, out)))
+        verdict = min(verdicts, key=lambda v: (v.passed, -v.stats.max_abs))
         checks.append(BatchCheck(b, verdict.stats, verdict.passed, None if sizes is None else tuple(size)))
         at = "" if sizes is None else f" at {size[0]}x{size[1]}"
         log.info(f"batch {b:>3}{at}: max abs diff {verdict.stats.max_abs:.2e}, min cosine "

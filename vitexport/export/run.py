@@ -21,6 +21,8 @@ from ..paths import sha256_file
 from ..preflight import check_export, check_opset
 from ..progress import QUIET, Log
 from .check import check_onnx_against_torch, require_parity
+from ..model.outputs import default_outputs, parse_outputs, primary
+from ..model.outputs import shapes as output_shapes
 from .to_onnx import INPUT_NAME, OUTPUT_NAME, onnx_metadata, staged_onnx
 from .torch_model import BuiltModel, build
 
@@ -52,11 +54,12 @@ def size_range(spec: ModelSpec, built: BuiltModel) -> SizeRange | None:
 
 
 def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int,
-                 img_size_range: SizeRange | None = None) -> Manifest:
+                 img_size_range: SizeRange | None = None, outputs: tuple[str, ...] | None = None) -> Manifest:
     """The manifest of an export, before its file exists (no digests, no parity yet); img_size_range: a
-    dynamic-size export's (size_range)."""
+    dynamic-size export's (size_range); outputs: the graph's (model.outputs; None: the model's default)."""
     cfg, ckpt = built.model.cfg, built.checkpoint
-    classes_or_width = cfg.num_classes or cfg.num_features
+    outputs = outputs or default_outputs(cfg)
+    shape = output_shapes(cfg, outputs)
     return Manifest(
         variant=spec.variant, img_size=cfg.img_size, patch_size=cfg.patch_size, grid=cfg.grid_size,
         num_classes=cfg.num_classes,
@@ -64,10 +67,10 @@ def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int,
         preprocess=built.preprocess,
         checkpoint=None if ckpt is None else ckpt.record(), labels=built.labels,
         seed=spec.seed if ckpt is None else None, pos_embed_interp=spec.pos_embed_interp, opset=opset,
-        onnx=onnx_name, input_name=INPUT_NAME, output_name=OUTPUT_NAME,
+        onnx=onnx_name, input_name=INPUT_NAME, output_name=primary(outputs),
         input_shape=["batch", cfg.in_chans, *(("height", "width") if cfg.dynamic_img_size else cfg.img_size)],
-        output_shape=["batch", classes_or_width] if cfg.global_pool else ["batch", "tokens", classes_or_width],
-        versions=versions(with_python=True), img_size_range=img_size_range,
+        output_shape=shape[primary(outputs)], versions=versions(with_python=True), img_size_range=img_size_range,
+        outputs=None if outputs == (OUTPUT_NAME,) else shape,
     )
 
 
@@ -127,6 +130,7 @@ def run_export(spec: ModelSpec, output: Path | None = None, opts: ExportOptions 
     for n in built.notes:
         log.warn(n) if ("untrained" in n or "meaningless" in n or "dropped" in n) else log.info(n)
     rng = size_range(spec, built)  # a range that cannot be: refused before the folder is made
+    parse_outputs(opts.outputs, built.model.cfg)  # so are outputs the model does not have
     folder = _target(spec, output, built)
     with writing(folder, log, temporaries=False):  # torch keeps its own cache under the system's temp folder
         return _export_into(folder, spec, built, opts, rng, log)
@@ -135,7 +139,8 @@ def run_export(spec: ModelSpec, output: Path | None = None, opts: ExportOptions 
 def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: ExportOptions,
                  rng: SizeRange | None, log: Log) -> ExportResult:
     onnx_path = folder.onnx()
-    manifest = new_manifest(spec, built, onnx_path.name, opts.opset, rng)
+    outputs = parse_outputs(opts.outputs, built.model.cfg)
+    manifest = new_manifest(spec, built, onnx_path.name, opts.opset, rng, outputs)
     previous = _previous(folder, manifest, opts.force)
     thresholds = export_thresholds(opts.atol)
     meta = onnx_metadata(spec.variant, built.preprocess, built.model.cfg.num_classes, spec.pos_embed_interp, rng)
@@ -146,10 +151,11 @@ def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: 
     at = "" if sizes is None else " and image size " + ", ".join(f"{h}x{w}" for h, w in sizes)
     with ExitStack() as stack:  # the export is moved into place only after its check passed
         with log.step(f"Exporting ONNX (opset {opts.opset}, {axes})"):
-            staged = stack.enter_context(staged_onnx(built.model, onnx_path, opts.opset, meta, img_size_range=rng))
+            staged = stack.enter_context(staged_onnx(built.model, onnx_path, opts.opset, meta, img_size_range=rng,
+                                                     outputs=outputs))
         with log.step(f"Checking ONNX Runtime against PyTorch at batch {batches}{at}"):
             checks = check_onnx_against_torch(staged, built.model, opts.check_batches, thresholds, log=log,
-                                              sizes=sizes)
+                                              sizes=sizes, outputs=outputs)
         require_parity(checks, thresholds)
     manifest.parity = ExportParity(opts.atol, checks)
     manifest.onnx_sha256, manifest.onnx_bytes = sha256_file(onnx_path), onnx_path.stat().st_size

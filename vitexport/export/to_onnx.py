@@ -21,6 +21,7 @@ from ..artifacts.folder import external_data_of
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..model.spec import DEFAULT_OPSET, MIN_OPSET
+from ..model.outputs import WithOutputs
 from ..model.vit import VisionTransformer
 from ..paths import atomic_path
 
@@ -35,7 +36,9 @@ def _scope_of(node) -> str:
         if p.key == "namespace":
             mods = [part.split(":")[0].strip() for part in p.value.split("/")[:-1]]
             mods = [m for m in mods if m]
-            return mods[-1] if mods else ""
+            scope = mods[-1] if mods else ""
+            # a model exported through model.outputs.WithOutputs: its modules' names as the model's own
+            return "" if scope == "model" else scope.removeprefix("model.")
     return ""
 
 
@@ -67,10 +70,13 @@ def onnx_metadata(variant: str, preprocess: Preprocess, num_classes: int, pos_em
             "pos_embed_interp": pos_embed_interp}
 
 
-def _trace(model: VisionTransformer, opset: int, example_batch: int, img_size_range=None):
+def _trace(model: VisionTransformer, opset: int, example_batch: int, img_size_range=None,
+           outputs: tuple[str, ...] = (OUTPUT_NAME,)):
     """The model as an ONNX ModelProto with a symbolic batch axis (and symbolic height and width, multiples of the
-    patch size within `img_size_range`, for a dynamic-size model)."""
-    model = model.eval()
+    patch size within `img_size_range`, for a dynamic-size model), one named output per entry of `outputs`
+    (model.outputs)."""
+    model = WithOutputs(model.eval(), outputs) if tuple(outputs) != (OUTPUT_NAME,) or model.cfg.num_classes <= 0 \
+        else model.eval()
     model.set_fused_attn(False)  # explicit MatMul/Softmax: what every runtime and quantizer understands
     cfg = model.cfg
     x = torch.randn(example_batch, cfg.in_chans, *cfg.img_size)
@@ -90,7 +96,7 @@ def _trace(model: VisionTransformer, opset: int, example_batch: int, img_size_ra
             q.setLevel(logging.CRITICAL)
         try:
             program = torch.onnx.export(
-                model, (x,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                model, (x,), dynamo=True, input_names=[INPUT_NAME], output_names=list(outputs),
                 dynamic_shapes={"x": axes}, opset_version=opset, optimize=True, verbose=False,
             )
         finally:
@@ -119,9 +125,10 @@ def _name_image_axes(proto) -> None:
 
 
 def export_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_OPSET,
-                metadata: dict[str, str] | None = None, example_batch: int = 2, img_size_range=None) -> Path:
+                metadata: dict[str, str] | None = None, example_batch: int = 2, img_size_range=None,
+                outputs: tuple[str, ...] = (OUTPUT_NAME,)) -> Path:
     """Export with a symbolic batch axis to `out_path` atomically (external data beside it for > 2 GB models)."""
-    with staged_onnx(model, out_path, opset, metadata, example_batch, img_size_range):
+    with staged_onnx(model, out_path, opset, metadata, example_batch, img_size_range, outputs):
         pass
     return Path(out_path)
 
@@ -129,7 +136,7 @@ def export_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_O
 @contextmanager
 def staged_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_OPSET,
                 metadata: dict[str, str] | None = None, example_batch: int = 2,
-                img_size_range=None) -> Iterator[Path]:
+                img_size_range=None, outputs: tuple[str, ...] = (OUTPUT_NAME,)) -> Iterator[Path]:
     """Export to a temporary beside `out_path` and yield it; it replaces `out_path` only if the block succeeds.
 
     The block checks the temporary (ONNX Runtime against PyTorch); raising there keeps the previous file.
@@ -139,7 +146,7 @@ def staged_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_O
     if example_batch < 2:
         raise VitexportError("The example batch must be at least 2 (size-1 dimensions get specialised).")
     out_path, data_path = Path(out_path), external_data_of(out_path)
-    proto = _trace(model, opset, example_batch, img_size_range)
+    proto = _trace(model, opset, example_batch, img_size_range, outputs)
     _tidy_graph(proto)
     for k, v in (metadata or {}).items():
         entry = proto.metadata_props.add()

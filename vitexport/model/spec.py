@@ -215,3 +215,4 @@ class ExportOptions:
     check_batches: tuple[int, ...] = (1, 3)  # batch sizes ONNX Runtime is checked at against PyTorch
     atol: float = EXPORT_THRESHOLDS.max_abs  # max abs logit difference allowed at that check (docs/PARITY.md)
     force: bool = False  # replace an existing export of another model or checkpoint
+    outputs: str | None = None  # --outputs: comma-separated names (model.outputs); None: the model's default

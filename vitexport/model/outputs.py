@@ -1,0 +1,103 @@
+"""The outputs a user may ask of a ViT, each a named ONNX output (`vitexport onnx --outputs`), as timm computes them:
+
+- `logits`: the head's output (B, classes): `forward_head(forward_features(x))`;
+- `pooled`: the pre-logits embedding (B, D): `forward_head(forward_features(x), pre_logits=True)`;
+- `tokens`: the final-norm tokens, prefix included (B, prefix + N, D): `forward_features(x)`;
+- `registers`: the register tokens of a model that has them (B, R, D);
+- `patch`: the patch tokens alone (B, N, D).
+
+The prefix is [class, distillation, registers] in that order (VisionTransformer._pos_embed).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import VitexportError
+from .config import ViTConfig
+
+OUTPUTS = ("logits", "pooled", "tokens", "registers", "patch")
+EMBEDDINGS = ("pooled",)  # outputs judged as embeddings (parity.knn)
+
+
+def available(cfg: ViTConfig) -> list[str]:
+    """The outputs this model has."""
+    return [o for o in OUTPUTS if (o != "logits" or cfg.num_classes > 0) and (o != "registers" or cfg.reg_tokens)
+            and (o != "pooled" or cfg.global_pool or cfg.distilled)]
+
+
+def default_outputs(cfg: ViTConfig) -> tuple[str, ...]:
+    """`logits` with a head, `pooled` without (a model without pooling: `tokens`)."""
+    if cfg.num_classes > 0:
+        return ("logits",)
+    return ("pooled",) if "pooled" in available(cfg) else ("tokens",)
+
+
+def parse_outputs(text: str | None, cfg: ViTConfig) -> tuple[str, ...]:
+    """A comma-separated list of outputs, checked against the model: one sentence when one is unknown or absent."""
+    if text is None:
+        return default_outputs(cfg)
+    names = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if not names:
+        raise VitexportError(f"--outputs is empty; give some of {', '.join(OUTPUTS)}.")
+    has = available(cfg)
+    for n in names:
+        if n not in OUTPUTS:
+            raise VitexportError(f"--outputs {n!r} is not an output vitexport knows; choose from {', '.join(OUTPUTS)}.")
+        if n not in has:
+            why = {"logits": "it has no classification head (--num-classes 0)", "registers": "it has no register "
+                   "tokens", "pooled": "it does not pool its tokens (global_pool '')"}[n]
+            raise VitexportError(f"--outputs {n}: this model has no {n} output: {why}; it has {', '.join(has)}.")
+    if len(set(names)) != len(names):
+        raise VitexportError(f"--outputs {text}: an output is named twice.")
+    return tuple(names)
+
+
+def shapes(cfg: ViTConfig, outputs: tuple[str, ...]) -> dict[str, list]:
+    """Each output's shape as the manifest records it: 'batch' first, symbolic token counts for a dynamic size."""
+    n = "patches" if cfg.dynamic_img_size else cfg.grid_size[0] * cfg.grid_size[1]
+    total = "tokens" if cfg.dynamic_img_size else n + cfg.num_prefix_tokens
+    d, c = cfg.num_features, cfg.num_classes or cfg.num_features
+    table = {"logits": ["batch", c] if cfg.global_pool or cfg.distilled else ["batch", total, c],
+             "pooled": ["batch", d], "tokens": ["batch", total, d], "registers": ["batch", cfg.reg_tokens, d],
+             "patch": ["batch", n, d]}
+    return {o: table[o] for o in outputs}
+
+
+def primary(outputs: tuple[str, ...] | list[str]) -> str:
+    """The output every check and backend judges by default: logits when there, else pooled, else the first."""
+    return next((o for o in ("logits", "pooled") if o in outputs), outputs[0])
+
+
+def compute(model: nn.Module, features: torch.Tensor, name: str) -> torch.Tensor:
+    """One output from the final-norm tokens (B, prefix + N, D) of `model` (a VisionTransformer)."""
+    n_prefix, regs = model.num_prefix_tokens, model.cfg.reg_tokens
+    if name == "tokens":
+        return features
+    if name == "patch":
+        return features[:, n_prefix:]
+    if name == "registers":
+        return features[:, n_prefix - regs:n_prefix]
+    if name == "pooled":
+        return model.forward_head(features, pre_logits=True)
+    if name == "logits":
+        return model.forward_head(features)
+    raise ValueError(f"unknown output {name!r}")
+
+
+class WithOutputs(nn.Module):
+    """A VisionTransformer whose forward returns the named outputs (a tuple; one output: the tensor itself)."""
+
+    def __init__(self, model: nn.Module, outputs: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model, self.outputs = model, tuple(outputs)
+        self.cfg = model.cfg
+
+    def set_fused_attn(self, enabled: bool) -> None:
+        self.model.set_fused_attn(enabled)
+
+    def forward(self, x: torch.Tensor):
+        features = self.model.forward_features(x)
+        outs = tuple(compute(self.model, features, n) for n in self.outputs)
+        return outs[0] if len(outs) == 1 else outs
