@@ -42,6 +42,12 @@ MODULES: dict[str, list[str]] = {
     "precision/calibrate.py": ["tests/test_calibrate.py"],
     "precision/qdq.py": ["tests/test_qdq_rules.py", "tests/test_qdq.py", "-k", "rules or weight"],
     "bench/load.py": ["tests/test_endpoint_rules.py"],
+    "parity/knn.py": ["tests/test_data_rules.py", "tests/test_embeddings.py", "-k",
+                      "knn or temperature or blocked"],
+    "data/labelfile.py": ["tests/test_data_rules.py", "-k", "label or real or key"],
+    "validate/labels.py": ["tests/test_data_rules.py", "tests/test_dataset_labels.py", "-k",
+                           "reading or names or model_labels"],
+    "model/outputs.py": ["tests/test_data_rules.py", "-k", "outputs or shapes"],
 }
 
 # mutant name -> why it cannot change behaviour (left out of the score)

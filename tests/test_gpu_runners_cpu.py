@@ -202,13 +202,13 @@ def test_a_plan_tensorrt_cannot_deserialize_is_one_sentence(tmp_path, monkeypatc
 @pytest.mark.parametrize("tensors,sentence", [
     ({"pixel_values": (1, 0), "mask": (1, 0), "logits": (2, 0)},
      "model.int8.plan has inputs ['pixel_values', 'mask'] and outputs ['logits']; a ViT engine has one image input "
-     "and one logits output."),
+     "and one output (or several, and the name of the one judged)."),
     ({"pixel_values": (1, 0)},
-     "model.int8.plan has inputs ['pixel_values'] and outputs []; a ViT engine has one image input and one logits "
-     "output."),
-    ({"pixel_values": (1, 0), "logits": (2, 0), "features": (2, 0)},  # would load, then fail to run: no address
-     "model.int8.plan has inputs ['pixel_values'] and outputs ['logits', 'features']; a ViT engine has one image "
-     "input and one logits output."),
+     "model.int8.plan has inputs ['pixel_values'] and outputs []; a ViT engine has one image input and one "
+     "output (or several, and the name of the one judged)."),
+    ({"pixel_values": (1, 0), "pooled": (2, 0), "features": (2, 0)},  # several outputs, none of them the one asked
+     "model.int8.plan has inputs ['pixel_values'] and outputs ['pooled', 'features']; a ViT engine has one image "
+     "input and one output (or several, and the name of the one judged)."),
     ({"pixel_values": (1, 1), "logits": (2, 6)},
      "model.int8.plan has I/O types DataType.HALF / DataType.FP8, which this runner cannot bind."),
     ({"pixel_values": (1, 4), "logits": (2, 1)},
@@ -220,6 +220,22 @@ def test_an_engine_the_runner_cannot_bind_is_refused(tmp_path, monkeypatch, tens
     with pytest.raises(BackendUnavailable) as e:
         runner.load()
     assert str(e.value) == sentence
+
+
+def test_an_engine_with_several_outputs_binds_each_and_answers_with_the_one_asked(tmp_path, monkeypatch):
+    """Every output needs an address to run (the stand-in fails without one); the row gets the output it judges."""
+    runner, _ = _loaded_runner(tmp_path, monkeypatch)
+    fake_tensorrt.ENGINE_TENSORS = {"pixel_values": (1, 0), "pooled": (2, 0), "logits": (2, 0)}
+    x = np.random.default_rng(2).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    for name, width in (("logits", 10), ("pooled", 16)):
+        named = TensorRTRunner(runner.plan_path, output_name=name)
+        with named:
+            out = named.infer_all(x)
+        assert out.shape == (3, width), name
+        if name == "logits":
+            np.testing.assert_allclose(out, fake_tensorrt.logits_of(x), rtol=1e-6)
+    with pytest.raises(BackendUnavailable, match="and the output 'patch'"):
+        TensorRTRunner(runner.plan_path, output_name="patch").load()
 
 
 def test_no_execution_context_is_one_sentence(tmp_path, monkeypatch):

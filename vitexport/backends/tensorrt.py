@@ -122,8 +122,10 @@ class TensorRTRunner(Runner):
         outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         want = self.output_name if self.output_name else outputs[0] if len(outputs) == 1 else None
         if len(inputs) != 1 or not outputs or want not in outputs:
-            raise BackendUnavailable(f"{self.plan_path.name} has inputs {inputs} and outputs {outputs}; a ViT engine "
-                                     f"has one image input and {want or 'one named'} output.")
+            raise BackendUnavailable(
+                f"{self.plan_path.name} has inputs {inputs} and outputs {outputs}; a ViT engine has one image input "
+                + (f"and the output {self.output_name!r}." if self.output_name else
+                   "and one output (or several, and the name of the one judged)."))
         self._input, self._output, self._outputs = inputs[0], want, outputs
         mn, _opt, mx = engine.get_tensor_profile_shape(self._input, 0)
         self._batch_range = (int(mn[0]), int(mx[0]))

@@ -77,6 +77,8 @@ def _real(path: Path, text: str) -> dict[str, list[int]]:
                                                                           and c >= 0 for c in r) for r in data):
         raise VitexportError(f"Label file {path} is not ImageNet-ReaL's real.json: a list with, per validation image, "
                              "a list of class indices.")
+    if not data:
+        raise VitexportError(f"Label file {path} is an empty list: it labels no image.")
     return {f"ILSVRC2012_val_{i + 1:08d}": list(r) for i, r in enumerate(data)}
 
 

@@ -70,7 +70,7 @@ def open_images(root: Path | str, max_images: int | None = None, label_files: tu
     for lf in label_files:
         if not any(v is not None for v in found[lf.path]):
             raise VitexportError(f"Label file {lf.path} names none of the {len(files):,} images of {root} (its first "
-                                 f"entry is {next(iter(lf.keys))!r}, the first image {files[0].name}).")
+                                 f"entry is {next(iter(lf.keys), '')!r}, the first image {files[0].name}).")
     single = [lf for lf in label_files if lf.labels is not None]
     if len(single) > 1:
         raise VitexportError("Give one label file of names and labels (and at most one real.json).")
