@@ -192,7 +192,7 @@ def test_corrupted_int8_fails_parity_under_strict(digits, tmp_path):
     shutil.copytree(digits, folder)
     _corrupt_int8(digits / "model.int8.onnx", folder / "model.int8.onnx")
     args = ["bench", str(folder), "--backend", "int8", "--iterations", "1", "--min-time", "0", "--warmup", "0",
-            "--batch", "1", "--no-prepare", "-q"]
+            "--batch", "1", "--no-prepare", "-q", "--data", str(HELDOUT)]  # 360 decide INT8's 1.5-point bound
     strict = CliRunner().invoke(cli, args + ["--strict"])
     assert strict.exit_code == 1, strict.output
     assert "onnxruntime cpu int8" in strict.output.splitlines()[-1]

@@ -143,3 +143,25 @@ def test_predict_on_a_headless_model_without_an_output_asks_for_one(headless, tm
     r = CliRunner().invoke(cli, ["predict", str(headless), str(HELDOUT / "3")])
     assert r.exit_code != 0
     fails_cleanly(r, "--embeddings OUT.npy")
+
+
+def test_predict_writes_the_pooled_output_of_a_classifier_exported_with_it(tmp_path):
+    out = tmp_path / "m"
+    r = CliRunner().invoke(cli, ["onnx", "-m", "vit_digits_patch4_32", "--outputs", "logits,pooled", "-o", str(out),
+                                 "-q"])
+    assert r.exit_code == 0, r.output
+    files = sorted(HELDOUT.glob("5/*.png"))
+    from vitexport.artifacts.folder import ModelFolder
+
+    pp = ModelFolder(out).read_manifest().preprocess
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    want = sess.run(["pooled"], {"pixel_values": np.stack([load_image(f, pp) for f in files])})[0]
+    for backend in ("onnxruntime", "pytorch"):
+        r = CliRunner().invoke(cli, ["predict", str(out), str(HELDOUT / "5"), "--embeddings", str(tmp_path / "e.npy"),
+                                     "--backend", backend, "-q"])
+        assert r.exit_code == 0, r.output
+        np.testing.assert_allclose(np.load(tmp_path / "e.npy"), want, atol=1e-4, err_msg=backend)
+    r = CliRunner().invoke(cli, ["predict", str(out), str(HELDOUT / "5"), "--json", "-q"])  # classes, as ever
+    assert r.exit_code == 0, r.output
+    top = [p["top"][0]["label"] for p in json.loads(r.output)]
+    assert len(top) == len(files) and top.count("5") > 0.9 * len(top)

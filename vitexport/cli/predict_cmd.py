@@ -38,7 +38,8 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
 @click.option("--jsonl", "as_jsonl", is_flag=True,
               help="Print one JSON object per image, per line, as each is classified (for large folders).")
 @click.option("--embeddings", "embeddings_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              metavar="OUT.npy", help="A feature extractor (exported with --num-classes 0): write its embeddings as "
+              metavar="OUT.npy", help="Write the model's embeddings (its pooled output: --outputs logits,pooled, or a "
+                                      "model exported with --num-classes 0) as "
                                       "an (N, D) float32 array, with the images in row order in OUT.files.txt. "
                                       "(--jsonl/--json give them as vectors instead.)")
 @use(MODEL, QUIET)
@@ -64,7 +65,7 @@ def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddi
     if embeddings_out is not None and embeddings_out.suffix != ".npy":
         raise click.UsageError(f"--embeddings {embeddings_out}: give a .npy file name.")
     folder = open_model(target, spec, log=log)
-    if embeddings_out is not None or folder.read_manifest().num_classes <= 0:
+    if embeddings_out is not None or folder.read_manifest().num_classes <= 0:  # embeddings: asked, or all there is
         _embeddings(folder, images, backend, precision, as_json, as_jsonl, embeddings_out, log)
         return
     results = iter_predictions(folder, images, backend=backend, precision=precision, top_k=top_k, log=log)

@@ -84,11 +84,13 @@ def top_classes(logits: np.ndarray, k: int, names: list[str]) -> list[list[Class
 # -- runners -------------------------------------------------------------------------------------------------------
 
 def _runner_factories(folder: ModelFolder, manifest: Manifest, backend: str, precision: str,
-                      log: Log) -> list[Callable[[], Runner]]:
-    """Ways to run the model on `backend` at `precision`, best first (a GPU where there is one, then the CPU)."""
+                      log: Log, output: str | None = None) -> list[Callable[[], Runner]]:
+    """Ways to run the model on `backend` at `precision`, answering with `output` (default: the manifest's
+    output_name), best first (a GPU where there is one, then the CPU)."""
     from ..environment import cuda_gpu
 
-    io = {"input_name": manifest.input_name, "output_name": manifest.output_name}
+    output = output or manifest.output_name
+    io = {"input_name": manifest.input_name, "output_name": output}
     gpu = cuda_gpu() is not None
     if backend == "pytorch":
         if precision == "int8":
@@ -98,12 +100,16 @@ def _runner_factories(folder: ModelFolder, manifest: Manifest, backend: str, pre
         from ..export.torch_model import model_from_manifest
 
         model = model_from_manifest(manifest)
+        if output != ("logits" if manifest.num_classes > 0 else "pooled"):  # not the model's own forward
+            from ..model.outputs import WithOutputs
+
+            model = WithOutputs(model, (output,))
         devices = ["cuda"] if precision == "fp16" else (["cuda", "cpu"] if gpu else ["cpu"])
         return [lambda d=d: TorchRunner(model, precision, d) for d in devices]
     if backend == "tensorrt":
         from ..backends.tensorrt import TensorRTRunner
 
-        return [lambda: TensorRTRunner(folder.plan(precision))]
+        return [lambda: TensorRTRunner(folder.plan(precision), output_name=output)]
     from ..ensure import ensure_artifact
 
     path = ensure_artifact(folder, precision, log=log).path
@@ -118,14 +124,15 @@ def _runner_factories(folder: ModelFolder, manifest: Manifest, backend: str, pre
     return [lambda ep=ep: OrtRunner(path, precision, ep, **io) for ep in (["cuda", "cpu"] if gpu else ["cpu"])]
 
 
-def open_runner(folder: ModelFolder, backend: str, precision: str, log: Log = QUIET) -> Runner:
+def open_runner(folder: ModelFolder, backend: str, precision: str, log: Log = QUIET,
+                output: str | None = None) -> Runner:
     """A loaded runner of the model in `folder`; BackendUnavailable (one sentence) when none can run here."""
     if backend not in BACKENDS:
         raise VitexportError(f"Unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}.")
     if precision not in PRECISIONS:
         raise VitexportError(f"Unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}.")
     reasons = []
-    for make in _runner_factories(folder, folder.read_manifest(), backend, precision, log):
+    for make in _runner_factories(folder, folder.read_manifest(), backend, precision, log, output):
         runner = make()
         try:
             runner.load()
@@ -161,16 +168,19 @@ def iter_predictions(folder: ModelFolder, images: Sequence[Path | str], *, backe
 def iter_embeddings(folder: ModelFolder, images: Sequence[Path | str], *, backend: str = "onnxruntime",
                     precision: str = "fp32", batch: int = 8, workers: int | None = None,
                     log: Log = QUIET) -> Iterator[tuple[list[Path], np.ndarray]]:
-    """A feature extractor's (`--num-classes 0`) embeddings of every image, batch by batch: (files, (B, D))."""
+    """The embeddings of every image, batch by batch: (files, (B, D)): a model's `pooled` output (`onnx --outputs`),
+    or a feature extractor's (`--num-classes 0`) one output."""
     manifest = folder.read_manifest()
-    if manifest.num_classes > 0:
-        raise VitexportError(f"{folder.path} holds a classifier ({manifest.num_classes} classes): its output is "
-                             f"logits, not embeddings; export the model with --num-classes 0 for its embeddings.")
-    yield from _outputs(folder, manifest, images, backend, precision, batch, workers, log)
+    if "pooled" not in manifest.output_names and manifest.num_classes > 0:
+        raise VitexportError(f"{folder.path} holds a classifier ({manifest.num_classes} classes) whose output is "
+                             f"logits, not embeddings; export it with --outputs logits,pooled (or --num-classes 0).")
+    output = "pooled" if "pooled" in manifest.output_names else manifest.output_name
+    yield from _outputs(folder, manifest, images, backend, precision, batch, workers, log, output)
 
 
 def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | str], backend: str, precision: str,
-             batch: int, workers: int | None, log: Log) -> Iterator[tuple[list[Path], np.ndarray]]:
+             batch: int, workers: int | None, log: Log,
+             output: str | None = None) -> Iterator[tuple[list[Path], np.ndarray]]:
     """The model's outputs, batch by batch, with their files: images are decoded by a pool of threads a few
     batches ahead, so memory holds a few batches whatever their number."""
     pp = manifest.preprocess
@@ -178,7 +188,7 @@ def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | st
     crops = _every_crop(decoded_crops(files, pp, workers or default_workers(), chunk=batch))
     first = next(crops)  # a bad first image fails before any runner is loaded
     with reading(folder, log):  # no other run replaces the file between its check and its loading
-        runner = open_runner(folder, backend, precision, log)
+        runner = open_runner(folder, backend, precision, log, output)
     try:
         with log.bar("predicting", len(files)) as advance:
             for start, chunk in zip(range(0, len(files), batch), itertools.chain([first], crops)):
