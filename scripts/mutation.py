@@ -42,11 +42,14 @@ MODULES: dict[str, list[str]] = {
     "precision/calibrate.py": ["tests/test_calibrate.py"],
     "precision/qdq.py": ["tests/test_qdq_rules.py", "tests/test_qdq.py", "-k", "rules or weight"],
     "bench/load.py": ["tests/test_endpoint_rules.py"],
-    "parity/knn.py": ["tests/test_data_rules.py", "tests/test_embeddings.py", "-k",
-                      "knn or temperature or blocked"],
+    "parity/knn.py": ["tests/test_data_rules.py::test_knn_figures_pair_the_candidate_with_the_reference",
+                      "tests/test_data_rules.py::test_knn_excludes_each_image_itself_and_clamps_k",
+                      "tests/test_data_rules.py::test_the_temperature_weighs_close_neighbours_more",
+                      "tests/test_embeddings.py::test_blocked_neighbours_equal_all_pairs_at_once",
+                      "tests/test_embeddings.py::test_the_knn_drop_is_judged_like_accuracy_and_argmax_agreement_is_not"],
     "data/labelfile.py": ["tests/test_data_rules.py", "-k", "label or real or key"],
-    "validate/labels.py": ["tests/test_data_rules.py", "tests/test_dataset_labels.py", "-k",
-                           "reading or names or model_labels"],
+    "validate/labels.py": ["tests/test_data_rules.py", "tests/test_dataset_labels.py::test_names_two_classes_share_map_to_neither",
+                           "-k", "reading or names or model_labels"],
     "model/outputs.py": ["tests/test_data_rules.py", "-k", "outputs or shapes"],
 }
 

@@ -222,3 +222,165 @@ def test_recorded_shapes_are_the_models():
         got = got if isinstance(got, tuple) else (got,)
         want = shapes(cfg, names)
         assert {n: [2, *s[1:]] for n, s in want.items()} == {n: list(t.shape) for n, t in zip(names, got)}, kw
+
+
+# -- each rule's edge, and the sentences word for word (mutation runs: docs/MUTATION.md) ---------------------------
+
+def test_label_file_edges(tmp_path, monkeypatch):
+    import vitexport.data.labelfile as lf_module
+
+    p = tmp_path / "l.txt"
+    p.write_text("my photo.png 3\n  # an indented comment\nFILENAME\tX\n")  # whitespace: the label is the last word
+    assert read_label_file(p).labels == {"my photo": "3", "FILENAME": "X"}  # a header only on line 1
+    p.write_text("FILE,whatever\na,1\n")  # a header by its first column, in any case
+    assert read_label_file(p).labels == {"a": "1"} and read_label_file(p).path == p
+    p.write_text("x,Labels\na,1\n")  # ... or by its second
+    assert read_label_file(p).labels == {"a": "1"}
+    p.write_bytes("\ufeffa,1\n".encode("utf-8"))  # a byte-order mark, as spreadsheets write
+    assert read_label_file(p).labels == {"a": "1"}
+    assert file_key("./z") == "z" and file_key("./y.png") == "y"
+    monkeypatch.setattr(lf_module, "MAX_BYTES", 4 << 20)
+    p.write_bytes(b"a,1\n" + b"#" * ((4 << 20) - 4))
+    assert read_label_file(p).labels == {"a": "1"}  # exactly the limit: read
+    p.write_bytes(b"a,1\n" + b"#" * ((4 << 20) - 3))
+    with pytest.raises(VitexportError) as e:
+        read_label_file(p)
+    assert str(e.value) == f"Label file {p} is larger than 4 MB; is it a label file?"
+
+
+@pytest.mark.parametrize("text,sentence", [
+    ("", "Label file {p} is empty."),
+    ("a,1\na,2\n", "Label file {p} gives a two labels (1 and 2)."),
+    ("file,label\n", "Label file {p} has a header and no labels."),
+    ("a,1\n,2\n", "Line 2 of label file {p} is not 'file,label': ',2'."),
+])
+def test_label_file_sentences(tmp_path, text, sentence):
+    p = tmp_path / "l.csv"
+    p.write_text(text)
+    with pytest.raises(VitexportError) as e:
+        read_label_file(p)
+    assert str(e.value) == sentence.format(p=p)
+
+
+def test_real_json_sentences_and_class_zero(tmp_path):
+    p = tmp_path / "real.json"
+    p.write_text("[[0, 5], [0]]")
+    assert read_label_file(p).real == {"ILSVRC2012_val_00000001": [0, 5], "ILSVRC2012_val_00000002": [0]}
+    p.write_text("{")
+    with pytest.raises(VitexportError, match=r"^Label file .* is not valid JSON \("):
+        read_label_file(p)
+    p.write_text("[[-1]]")
+    with pytest.raises(VitexportError) as e:
+        read_label_file(p)
+    assert str(e.value) == (f"Label file {p} is not ImageNet-ReaL's real.json: a list with, per validation image, a "
+                            "list of class indices.")
+    d = tmp_path / "dir.json"
+    d.mkdir()
+    with pytest.raises(VitexportError, match="is not a file"):
+        read_label_file(d)
+
+
+def test_a_file_outside_the_folder_is_matched_by_its_name(tmp_path):
+    assert match([tmp_path.parent / "x.png"], tmp_path, {"x": 1}) == [1]
+
+
+def test_class_reading_edges():
+    # a tie between readings keeps the earlier one: '3' by index and 'tench' by name each map one class
+    assert map_classes(["3", "tench"], 1000, imagenet_names()).how == "class index"
+    assert map_classes(["cat", "dog"], 2, []).index.tolist() == [0, 1]
+
+    class S:
+        labels, classes = None, ["0"]
+    assert model_labels(S, 1, ["0"]) == (None, None)  # no labels: nothing to map, nothing to say
+    S.labels = np.array([0, 0])
+    got, why = model_labels(S, 1, ["0"])  # a one-class head is a head
+    assert why is None and got.tolist() == [0, 0]
+    assert model_labels(S, 0) == (None, "the model has no classification head")
+    S.classes = ["zebra"]
+    assert model_labels(S, 5, ["a", "b", "c", "d", "e"]) == (
+        None, "none of its 1 classes is one of the model's 5 by index, WordNet synset or class name")
+
+
+def test_knn_edges():
+    emb = np.array([[3e-4, 0], [0, 2e-4], [1e-4, 1e-5]], np.float32)  # tiny norms: still unit vectors
+    n = len(emb)
+
+    def strict(start, count):  # reads past the end fail, as a file's would
+        assert 0 <= start and start + count <= n, (start, count)
+        return emb[start:start + count]
+
+    nb = neighbours(strict, n, np.array([0, 1, 0]), k=5, t=0.5, query_block=2, key_block=2)
+    assert nb.nearest.tolist() == [2, 2, 0] and nb.k == 2 and nb.t == 0.5
+    assert nb.pred.dtype.kind == "i" and nb.nearest.dtype.kind == "i"
+    pair = neighbours(strict, 2, np.array([1, 0]), k=20)  # two images: each the other's only neighbour
+    assert pair.k == 1 and pair.nearest.tolist() == [1, 0] and pair.pred.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="at least two images"):
+        neighbours(strict, 1, None)
+    # one candidate without predictions: neighbours only, whatever the reference has
+    ref = Neighbours(np.array([0, 1]), np.array([1, 0]), 20, 0.07)
+    assert "knn_acc" not in knn_figures(ref, Neighbours(None, np.array([1, 0]), 20, 0.07), np.array([0, 1]))
+    # a drop in points: the reference right on both, the candidate on one
+    d = knn_figures(ref, Neighbours(np.array([0, 0]), np.array([1, 0]), 20, 0.07), np.array([0, 1]))
+    assert d["knn_drop"] == pytest.approx(50.0)
+
+
+def test_the_kth_neighbour_counts():
+    """k = 2 with flat weights: each query's two class-1 neighbours come in the last key block, after a class-0
+    decoy a little further away; a k-th neighbour kept from an earlier block would tie the vote, and a tie goes to
+    class 0."""
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(10, 8)) * 10
+    queries = centres
+    decoys = centres + rng.normal(size=(10, 8)) * 1.0
+    near = np.concatenate([centres + rng.normal(size=(10, 8)) * 0.01, centres + rng.normal(size=(10, 8)) * 0.02])
+    emb = np.concatenate([queries, decoys, near]).astype(np.float32)
+    labels = np.array([0] * 20 + [1] * 20)
+    for kb in (16, 40):
+        nb = neighbours(lambda s, c: emb[s:s + c], len(emb), labels, k=2, t=1e6, query_block=10, key_block=kb)
+        assert (nb.pred[:10] == 1).all(), kb
+
+
+def test_output_sentences_and_edges():
+    one = ViTConfig(img_size=(32, 32), patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=1)
+    assert available(one)[0] == "logits" and default_outputs(one) == ("logits",)
+    headless = ViTConfig(img_size=(32, 32), patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=0)
+    cases = {"": "--outputs is empty; give some of logits, pooled, tokens, registers, patch.",
+             "cls": "--outputs 'cls' is not an output vitexport knows; choose from logits, pooled, tokens, registers, "
+                    "patch.",
+             "logits": "--outputs logits: this model has no logits output: it has no classification head "
+                       "(--num-classes 0); it has pooled, tokens, patch.",
+             "registers": "--outputs registers: this model has no registers output: it has no register tokens; it "
+                          "has pooled, tokens, patch.",
+             "pooled,pooled": "--outputs pooled,pooled: an output is named twice."}
+    for text, sentence in cases.items():
+        with pytest.raises(VitexportError) as e:
+            parse_outputs(text, headless)
+        assert str(e.value) == sentence
+    flat = ViTConfig(img_size=(32, 32), patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3, global_pool="")
+    with pytest.raises(VitexportError) as e:
+        parse_outputs("pooled", flat)
+    assert str(e.value) == ("--outputs pooled: this model has no pooled output: it does not pool its tokens "
+                            "(global_pool ''); it has logits, tokens, patch.")
+    assert shapes(flat, ("logits",)) == {"logits": ["batch", 17, 3]}
+    dyn = ViTConfig(img_size=(32, 32), patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3,
+                    dynamic_img_size=True)
+    assert shapes(dyn, ("tokens", "patch", "logits")) == {"tokens": ["batch", "tokens", 16],
+                                                          "patch": ["batch", "patches", 16], "logits": ["batch", 3]}
+
+
+def test_with_outputs_answers_one_output_as_a_tensor():
+    import torch
+
+    from vitexport.model.outputs import WithOutputs, compute
+    from vitexport.model.vit import build_model
+
+    model = build_model(ViTConfig(img_size=(16, 16), patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3))
+    wrapped = WithOutputs(model, ("logits",))
+    assert wrapped.cfg is model.cfg
+    with torch.no_grad():
+        out = wrapped(torch.zeros(2, 3, 16, 16))
+        assert isinstance(out, torch.Tensor) and out.shape == (2, 3)
+        both = WithOutputs(model, ("pooled", "logits"))(torch.zeros(2, 3, 16, 16))
+        assert isinstance(both, tuple) and [t.shape[1] for t in both] == [16, 3]
+    with pytest.raises(ValueError, match="unknown output 'cls'"):
+        compute(model, torch.zeros(1, 5, 16), "cls")

@@ -1,6 +1,6 @@
 """Label files for a flat folder of images, in the forms data sets come with.
 
-- CSV, TSV or whitespace-separated lines of `file,label`: the file name with or without its extension (or a path
+- CSV, TSV or whitespace-separated lines of `file,label` (whitespace: the label is the last word): the file name with or without its extension (or a path
   relative to the data folder), the label a class index, a WordNet synset or a class name; a header line is
   recognised and skipped.
 - ImageNet's `LOC_val_solution.csv` (`ImageId,PredictionString`): the label is the first word of the prediction
@@ -87,7 +87,7 @@ def _split(line: str) -> list[str]:
         return next(csv.reader([line], delimiter="\t"))
     if "," in line:
         return next(csv.reader([line]))
-    return line.split(None, 1)
+    return line.rsplit(None, 1)  # the label last: a file name may hold spaces
 
 
 def _rows(path: Path, text: str) -> dict[str, str]:

@@ -11,16 +11,12 @@ present (as timm does for ImageNet-A and -R).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ..model.labels import imagenet_synsets
-
-SYNSET = re.compile(r"n\d{8}")
-
 
 @dataclass
 class ClassMap:
@@ -54,7 +50,7 @@ def readers(num_classes: int, names: list[str]) -> list[tuple[str, Callable[[str
     synsets = {s: i for i, s in enumerate(imagenet_synsets())} if num_classes == 1000 else {}
     by_name = name_table(names)
     return [("class index", lambda c: int(c) if c.isdigit() and int(c) < num_classes else -1),
-            ("WordNet synset", lambda c: synsets.get(c, -1) if SYNSET.fullmatch(c) else -1),
+            ("WordNet synset", lambda c: synsets.get(c, -1)),
             ("class name", lambda c: by_name.get(_norm(c), -1))]
 
 
