@@ -45,18 +45,21 @@ MODULES: dict[str, list[str]] = {
     "parity/knn.py": ["tests/test_data_rules.py::test_knn_figures_pair_the_candidate_with_the_reference",
                       "tests/test_data_rules.py::test_knn_excludes_each_image_itself_and_clamps_k",
                       "tests/test_data_rules.py::test_the_temperature_weighs_close_neighbours_more",
+                      "tests/test_data_rules.py::test_knn_edges",
+                      "tests/test_data_rules.py::test_the_kth_neighbour_counts",
                       "tests/test_embeddings.py::test_blocked_neighbours_equal_all_pairs_at_once",
                       "tests/test_embeddings.py::test_the_knn_drop_is_judged_like_accuracy_and_argmax_agreement_is_not"],
     "data/labelfile.py": ["tests/test_data_rules.py", "-k", "label or real or key"],
     "validate/labels.py": ["tests/test_data_rules.py", "tests/test_dataset_labels.py::test_names_two_classes_share_map_to_neither",
                            "-k", "reading or names or model_labels"],
-    "model/outputs.py": ["tests/test_data_rules.py", "-k", "outputs or shapes"],
+    "model/outputs.py": ["tests/test_data_rules.py", "-k", "outputs or shapes or output_sentences"],
 }
 
 # mutant name -> why it cannot change behaviour (left out of the score)
 _P, _S, _A = "vitexport.parity.compare.", "vitexport.parity.stats.", "vitexport.parity.accumulate."
 _E, _B = "vitexport.tensorrt_engine.engine_info.", "vitexport.tensorrt_engine.trt_build."
 _V, _F = "vitexport.artifacts.verify.", "vitexport.preflight."
+_K = "vitexport.parity.knn."
 _C, _H = "vitexport.precision.calibrate.", "vitexport.precision.calibrate.xǁAbsHistogramǁ"
 _RESHAPE = "numpy reads any negative size in reshape as 'the rest'"
 _KL = "vitexport.precision.calibrate.x__kl_threshold__mutmut_"
@@ -178,6 +181,24 @@ EQUIVALENT: dict[str, str] = {
     _A + "xǁParityAccumulatorǁupdate__mutmut_58":
         "only the maximum over all images is reported: the max of row maxima is the global max",
     _A + "xǁParityAccumulatorǁstats__mutmut_8": "float('NAN') is float('nan')",
+    **{f"{_K}x__unit__mutmut_{i}": "float embeddings: numpy's own float type normalises them the same"
+       for i in (7, 9)},
+    _K + "x__unit__mutmut_11": _RESHAPE,
+    "vitexport.data.labelfile.x_read_label_file__mutmut_15": "codec names are read without regard to case",
+    "vitexport.validate.labels.x_readers__mutmut_19": "a class maps to none when its index is negative: -2 as -1",
+    **{f"vitexport.validate.labels.x_map_classes__mutmut_{i}": "numpy's default integer is int64 on the platforms "
+                                                                "vitexport runs on" for i in (12, 14)},
+    _K + "x_neighbours__mutmut_38": "an extra class column gets no vote: every vote is positive, so it is never the "
+                                    "argmax",
+    _K + "x_neighbours__mutmut_44": "query blocks one image apart overlap; each image's row is written again with the "
+                                    "same values",
+    **{f"{_K}x_neighbours__mutmut_{i}": "NaN instead of -inf for an empty slot or the image itself: argpartition "
+                                        "puts NaN after every number, and each image has at least k others"
+       for i in (59, 99)},
+    **{f"{_K}x_neighbours__mutmut_{i}": "float64 instead of float32 (or numpy's default float): the same order of "
+                                        "similarities and the same votes" for i in (60, 63, 162, 164, 174)},
+    **{f"{_K}x_neighbours__mutmut_{i}": "argpartition's and take_along_axis' default axis is the last, axis 1 here"
+       for i in (129, 140, 147)},
 }
 
 

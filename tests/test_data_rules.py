@@ -280,8 +280,30 @@ def test_real_json_sentences_and_class_zero(tmp_path):
         read_label_file(d)
 
 
-def test_a_file_outside_the_folder_is_matched_by_its_name(tmp_path):
+def test_a_labelled_file_outside_the_folder_is_matched_by_its_name(tmp_path):
     assert match([tmp_path.parent / "x.png"], tmp_path, {"x": 1}) == [1]
+
+
+def test_label_file_reading_failures_and_forms(tmp_path, monkeypatch):
+    p = tmp_path / "l.tsv"
+    p.write_text("a,b.png\t3\n")  # a tab splits before a comma does
+    assert read_label_file(p).labels == {"a,b": "3"}
+    long = "x" * 100
+    p.write_text(long + "\n")
+    with pytest.raises(VitexportError) as e:
+        read_label_file(p)
+    assert str(e.value) == f"Line 1 of label file {p} is not 'file,label': {'x' * 80!r}."
+    r = tmp_path / "real.json"
+    r.write_text("[[1]]")
+    assert read_label_file(r).path == r
+
+    def denied(self, *a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(VitexportError) as e:
+        read_label_file(p)
+    assert str(e.value) == f"Cannot read label file {p}: Permission denied."
 
 
 def test_class_reading_edges():
@@ -302,7 +324,8 @@ def test_class_reading_edges():
 
 
 def test_knn_edges():
-    emb = np.array([[3e-4, 0], [0, 2e-4], [1e-4, 1e-5]], np.float32)  # tiny norms: still unit vectors
+    # tiny norms, and a raw dot product that would choose otherwise: cosine, of unit vectors
+    emb = np.array([[1e-4, 0], [3e-4, 2e-4], [1e-5, 1e-6]], np.float32)
     n = len(emb)
 
     def strict(start, count):  # reads past the end fail, as a file's would
@@ -314,7 +337,7 @@ def test_knn_edges():
     assert nb.pred.dtype.kind == "i" and nb.nearest.dtype.kind == "i"
     pair = neighbours(strict, 2, np.array([1, 0]), k=20)  # two images: each the other's only neighbour
     assert pair.k == 1 and pair.nearest.tolist() == [1, 0] and pair.pred.tolist() == [0, 1]
-    with pytest.raises(ValueError, match="at least two images"):
+    with pytest.raises(ValueError, match="^a k-NN needs at least two images$"):
         neighbours(strict, 1, None)
     # one candidate without predictions: neighbours only, whatever the reference has
     ref = Neighbours(np.array([0, 1]), np.array([1, 0]), 20, 0.07)
@@ -377,6 +400,10 @@ def test_with_outputs_answers_one_output_as_a_tensor():
     model = build_model(ViTConfig(img_size=(16, 16), patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3))
     wrapped = WithOutputs(model, ("logits",))
     assert wrapped.cfg is model.cfg
+    wrapped.set_fused_attn(False)  # what the export asks: the model's own attention, explicit
+    assert not any(getattr(m, "fused_attn", False) for m in model.modules())
+    wrapped.set_fused_attn(True)
+    assert any(getattr(m, "fused_attn", False) for m in model.modules())
     with torch.no_grad():
         out = wrapped(torch.zeros(2, 3, 16, 16))
         assert isinstance(out, torch.Tensor) and out.shape == (2, 3)
