@@ -185,3 +185,24 @@ def test_images_to_resolve_finds_the_first_deciding_size_from_any_estimate(first
 def test_past_the_limit_the_search_gives_up_with_a_size_past_it():
     need = images_to_resolve(0.01, 0.02, 0.015, 30, decided=lambda m: False)
     assert need > EXACT_SEARCH_LIMIT
+
+
+def test_drop_decided_reads_the_exact_interval_at_the_same_rates():
+    from vitexport.parity.stats import drop_decided
+
+    for down, up, n in ((0.02, 0.01, 1000), (0.003, 0.0, 4000), (0.05, 0.07, 250)):
+        _, lo, hi = paired_drop(round(down * n), round(up * n), n)
+        for bound in (lo - 1e-3, hi, hi + 1e-3, (lo + hi) / 2, lo):
+            assert drop_decided(down, up, bound)(n) is (hi <= bound or lo > bound), (down, up, n, bound)
+    _, lo, hi = paired_drop(20, 10, 1000)
+    assert drop_decided(0.02, 0.01, hi)(1000) and not drop_decided(0.02, 0.01, lo)(1000)  # at the ends
+
+
+def test_rate_decided_reads_the_exact_interval():
+    from vitexport.parity.stats import rate_decided
+
+    lo, hi = clopper_pearson(990, 1000)
+    assert rate_decided(0.99, lo)(1000)  # the interval's low end at the bound: at or above it
+    assert not rate_decided(0.99, hi)(1000) and rate_decided(0.99, hi + 1e-9)(1000)
+    assert not rate_decided(0.99, (lo + hi) / 2)(1000)
+    assert rate_decided(0.5, 0.9)(400) and not rate_decided(0.5, 0.9)(4)
