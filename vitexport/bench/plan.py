@@ -16,7 +16,6 @@ GENERATED_NOTE = ("generated once from the 360 held-out digits (moved, rescaled,
                   "which alone are too few to decide the default bounds; --data calibration/digits/heldout for those")
 
 
-
 def bench_sizes(manifest: Manifest, sizes: tuple[tuple[int, int], ...] | None) -> list[tuple[int, int] | None]:
     """The image sizes to bench at: [None] (the export's own) unless a dynamic-size export is given sizes in its
     range, in whole patches; one sentence otherwise."""
@@ -54,6 +53,12 @@ def torch_model(manifest: Manifest, output: str, log: Log):
         return None
     own = "logits" if manifest.num_classes > 0 else "pooled"
     return model if output == own else WithOutputs(model, (output,))
+
+
+def generated_note(variant: str, given: Path | None, source: str) -> str:
+    """What the report says of the set benched on: the note on the generated digits set when the default gave it."""
+    return GENERATED_NOTE if given is None and variant == DIGITS_VARIANT and \
+        Path(source) != default_heldout_dir(variant) else ""
 
 
 def default_bench_data(variant: str, log: Log = QUIET) -> Path:

@@ -26,13 +26,13 @@ from ..model.labels import class_names
 from ..model.spec import ModelSpec
 from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict, Thresholds, judge
 from ..parity.knn import DEFAULT_K, DEFAULT_T
-from ..paths import DIGITS_VARIANT, default_heldout_dir, display_path
+from ..paths import display_path
 from ..precision.settings import CalibOptions
 from ..preflight import check_batches
 from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, open_validation
 from .against import Reference, parity_pass
-from .plan import GENERATED_NOTE, torch_model, bench_sizes, default_bench_data, judged_output
+from .plan import bench_sizes, default_bench_data, generated_note, judged_output, torch_model
 from .latency import Latency, measure_latency, takes_batch
 from .served import EndpointOptions, endpoint_runners, partial, probe, time_served
 
@@ -142,8 +142,9 @@ def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = No
     itself). A kind that cannot be made is warned about and then listed as unavailable. Sizes the export cannot
     take, and an output it does not have, are refused first, before anything is made."""
     folder = open_model(target, spec, export=prepare, verify=False, log=log)  # a wrong file: a FAIL in the table
-    bench_sizes(folder.read_manifest(), sizes)
-    judged_output(folder.read_manifest(), judge_output)
+    manifest = folder.read_manifest()
+    bench_sizes(manifest, sizes)
+    judged_output(manifest, judge_output)
     if prepare:
         for kind in PREPARED_KINDS + (GPU_PREPARED_KINDS if cuda_gpu() is not None else ()):
             try:
@@ -323,8 +324,8 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
                     res.name, res.img_size = f"{res.name} @ {size[0]}x{size[1]}", tuple(size)
             results += at
             reference.append(ref.name)
-            data = data or _data(vset, manifest.num_classes, ref.knn, GENERATED_NOTE if opts.data is None and Path(
-                vset.source) != default_heldout_dir(manifest.variant) == Path(default_heldout_dir(DIGITS_VARIANT)) else "")
+            data = data or _data(vset, manifest.num_classes, ref.knn, generated_note(manifest.variant, opts.data,
+                                                                                     vset.source))
         finally:
             vset.close()
     return BenchReport(

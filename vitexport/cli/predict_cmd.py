@@ -65,9 +65,9 @@ def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddi
     if embeddings_out is not None and embeddings_out.suffix != ".npy":
         raise click.UsageError(f"--embeddings {embeddings_out}: give a .npy file name.")
     folder = open_model(target, spec, log=log)
-    if embeddings_out is not None or folder.read_manifest().num_classes <= 0:  # embeddings: asked, or all there is
+    if embeddings_out is not None or (folder.read_manifest().num_classes <= 0 and (as_json or as_jsonl)):
         _embeddings(folder, images, backend, precision, as_json, as_jsonl, embeddings_out, log)
-        return
+        return  # a feature extractor asked for classes: iter_predictions says what to ask instead
     results = iter_predictions(folder, images, backend=backend, precision=precision, top_k=top_k, log=log)
     if as_json:  # one JSON document: the whole list at the end
         click.echo(to_json(list(results)))
@@ -84,9 +84,6 @@ def _embeddings(folder, images, backend, precision, as_json, as_jsonl, out, log)
     from ..deploy.predict import collect_images, iter_embeddings, write_embeddings
     from ..paths import display_path
 
-    if out is None and not (as_json or as_jsonl):
-        raise VitexportError(f"{folder.path} holds a feature extractor (no classification head): it has no classes "
-                             f"to predict; write its embeddings with --embeddings OUT.npy, or --jsonl.")
     files = collect_images(images)
     batches = iter_embeddings(folder, files, backend=backend, precision=precision, log=log)
     if out is not None:
