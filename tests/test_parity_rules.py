@@ -305,6 +305,23 @@ def test_the_streamed_intervals_are_the_exact_ones():
     assert s.top5_acc == pytest.approx((top5(out) == labels[:, None]).any(1).mean())
 
 
+def test_the_streamed_cosines_keep_their_sign():
+    """An output pointing away from the reference is a cosine of -1, not +1: the per-image figure is signed."""
+    from vitexport.parity.accumulate import ParityAccumulator
+
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal((40, 6))
+    out = ref + rng.standard_normal((40, 6)) * 0.1
+    out[[3, 17, 31]] *= -1  # three images answered with the opposite vector
+    acc = ParityAccumulator(40)
+    for i in range(0, 40, 16):
+        acc.update(i, ref[i:i + 16], out[i:i + 16])
+    s = acc.stats()
+    cos = (ref * out).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(out, axis=1)
+    assert cos.min() < -0.9
+    assert s.cos_min == pytest.approx(cos.min()) and s.cos_mean == pytest.approx(cos.mean())
+
+
 def test_what_was_not_compared_is_said():
     from vitexport.parity.accumulate import ParityAccumulator
 

@@ -80,26 +80,29 @@ def test_a_sidecar_that_names_a_file_outside_is_refused(folder):
         read_sidecar(sidecar)
 
 
-def test_external_data_that_leaves_the_folder_is_refused_before_any_library_loads_it(folder, tmp_path):
+@pytest.mark.parametrize("location", ["../weights.bin", "linked/weights.bin"])
+def test_external_data_that_leaves_the_folder_is_refused_before_any_library_loads_it(folder, tmp_path, location):
+    """Out by '..', or by a folder inside the model folder that links out of it (no '..' in the name)."""
     model = onnx.load(str(folder / "model.onnx"))
     staged = tmp_path / "staged"
     staged.mkdir()
     onnx.save(model, str(staged / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
               location="weights.bin", size_threshold=0)
     shutil.move(staged / "weights.bin", tmp_path / "weights.bin")  # the weights now lie outside the folder
+    (folder / "linked").symlink_to(tmp_path, target_is_directory=True)
     m = onnx.load(str(staged / "model.onnx"), load_external_data=False)
     for t in m.graph.initializer:
         for e in t.external_data:
             if e.key == "location":
-                e.value = "../weights.bin"
+                e.value = location
     onnx.save(m, str(folder / "model.onnx"))
-    assert external_locations(folder / "model.onnx") == ["../weights.bin"]
+    assert external_locations(folder / "model.onnx") == [location]
     _edit_manifest(folder, lambda d: d.update(onnx_sha256=sha256_file(folder / "model.onnx")))  # its digest too
     check = check_onnx(ModelFolder(folder), "fp32")
     assert check.status == BROKEN and "outside its folder" in check.reason
     r = CliRunner().invoke(cli, ["bench", str(folder), "--no-prepare", "--strict", "--backend", "onnxruntime cpu fp32",
                                  "--batch", "1", "--iterations", "1", "--min-time", "0", "--warmup", "0"])
-    assert r.exit_code == 1 and "names external data '../weights.bin' outside its folder" in r.output, r.output
+    assert r.exit_code == 1 and f"names external data '{location}' outside its folder" in r.output, r.output
     assert "onnxruntime cpu fp32: not run" in r.output  # listed, never loaded
     assert (tmp_path / "weights.bin").is_file()  # nothing read, nothing moved
 
