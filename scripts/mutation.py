@@ -221,7 +221,7 @@ source_paths = ["vitexport"]
 only_mutate = ["vitexport/{module}"]
 also_copy = ["docs", "calibration", "models", "scripts", "README.md"]
 pytest_add_cli_args_test_selection = {toml_list(tests)}
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-n", "0"]  # mutmut records which test runs what in its own process
 process_isolation = "forkserver"
 timeout_multiplier = 5.0
 """

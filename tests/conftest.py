@@ -11,6 +11,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+GB_PER_WORKER = 4  # the largest tests (ViT-B/16 exports, benches) peak at about 3.6 GB each
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): one worker per core this process may use, at most 8, and no more than the
+    free memory holds at GB_PER_WORKER each (at least one)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        free_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                       if line.startswith("MemAvailable:"))
+        by_memory = free_kb // (GB_PER_WORKER * 2**20)
+    except (OSError, StopIteration, ValueError):
+        by_memory = cores
+    return max(1, min(cores, 8, by_memory))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def generated_sets(tmp_path_factory):
