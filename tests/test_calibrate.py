@@ -362,3 +362,29 @@ def test_calibrate_reports_its_own_duration_and_takes_small_percentiles(tmp_path
     path, _ = _graph(tmp_path)
     stats = module.calibrate(path, ["h"], [np.ones((2, 8), np.float32)], "x", percentile=0.5)
     assert stats.seconds == 2.5  # the end minus the start, not a clock reading
+
+
+def test_weights_split_off_the_graph_give_the_files_outputs(tmp_path, digits_export):
+    """calibrate's session: the graph serialized without its inline weights, the weights handed over as arrays. It
+    answers as a session on the file does; a model whose weights are in external data keeps reading them there."""
+    import onnx
+
+    from vitexport.backends.ort_session import LIFTED, create_session, split_weights
+
+    src = digits_export / "model.onnx"
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    want = create_session(src).run(None, {"pixel_values": x})[0]
+    model = onnx.load(str(src))
+    graph, weights = split_weights(model)
+    assert len(graph) < 0.1 * src.stat().st_size and weights  # the weights (all but those under 1 KB) are not in it
+    lifted = [t for t in model.graph.initializer if t.external_data and t.external_data[0].value == LIFTED]
+    assert {t.name for t in lifted} == set(weights) and all(not t.raw_data for t in lifted)
+    got = create_session(graph, weights=weights).run(None, {"pixel_values": x})[0]
+    np.testing.assert_array_equal(got, want)
+    ext = tmp_path / "ext" / "model.onnx"
+    ext.parent.mkdir()
+    onnx.save(onnx.load(str(src)), str(ext), save_as_external_data=True, location="w.bin")
+    graph, weights = split_weights(onnx.load(str(ext), load_external_data=False))
+    assert not weights  # nothing inline to split
+    got = create_session(graph, external_folder=ext.parent, weights=weights).run(None, {"pixel_values": x})[0]
+    np.testing.assert_array_equal(got, want)

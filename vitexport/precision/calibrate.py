@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..backends.ort_session import create_session
+from ..backends.ort_session import create_session, split_weights
 from ..errors import VitexportError
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
@@ -221,6 +221,11 @@ def observed_model_bytes(model_path: Path, tensors: list[str]) -> bytes:
     """The FP32 model with `tensors` added as graph outputs, serialized (ONNX Runtime loads it from memory). Weights
     in external data stay there: ONNX Runtime reads them from the model's folder (create_session's external_folder),
     so the bytes are the graph alone, whatever the model's size."""
+    return observed_model(model_path, tensors).SerializeToString()
+
+
+def observed_model(model_path: Path, tensors: list[str]):
+    """observed_model_bytes' model, not serialized."""
     import onnx
 
     model = onnx.load(str(model_path), load_external_data=False)
@@ -233,7 +238,7 @@ def observed_model_bytes(model_path: Path, tensors: list[str]) -> bytes:
         if name not in known:
             model.graph.output.append(
                 onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT), None))
-    return model.SerializeToString()
+    return model
 
 
 def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray], input_name: str,
@@ -246,8 +251,8 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
     if not 0 < percentile <= 100:
         raise VitexportError(f"The calibration percentile must be in (0, 100], got {percentile}.")
     t0 = time.perf_counter()
-    sess = create_session(observed_model_bytes(Path(model_path), tensors), threads=threads,
-                          external_folder=Path(model_path).parent)
+    graph, weights = split_weights(observed_model(Path(model_path), tensors))
+    sess = create_session(graph, threads=threads, external_folder=Path(model_path).parent, weights=weights)
     collectors = {t: ChannelMax() if per_channel else _Collector(method, percentile) for t in tensors}
 
     def count(outs: list[np.ndarray], size: int) -> None:
