@@ -192,12 +192,14 @@ ACTIVATION_BUDGET = 256 * 2**20  # bytes of calibrated activations one run may r
 # GB); two runs' are alive at once (one counted while the next runs), so calibration holds at most 512 MB of them
 
 
-def calibration_batch(model_path: Path, tensors: list[str], largest: int, budget: int = ACTIVATION_BUDGET) -> int:
+def calibration_batch(model_path: Path, tensors: list[str], largest: int, budget: int = ACTIVATION_BUDGET,
+                      model=None) -> int:
     """Images per calibration run: `largest`, or fewer when one image's calibrated activations are so large that
-    a batch would exceed `budget` (ViT-H/14: about 290 MB an image), so memory stays bounded by the model's size."""
+    a batch would exceed `budget` (ViT-H/14: about 290 MB an image), so memory stays bounded by the model's size.
+    model: model_path's ModelProto when the caller has read it (it is not changed)."""
     import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
+    model = model if model is not None else onnx.load(str(model_path), load_external_data=False)
     graph = model.graph if model.graph.value_info else onnx.shape_inference.infer_shapes(model).graph
     shapes = {v.name: v.type.tensor_type.shape for v in [*graph.value_info, *graph.input]}
     per_image = 0
@@ -224,11 +226,12 @@ def observed_model_bytes(model_path: Path, tensors: list[str]) -> bytes:
     return observed_model(model_path, tensors).SerializeToString()
 
 
-def observed_model(model_path: Path, tensors: list[str]):
-    """observed_model_bytes' model, not serialized."""
+def observed_model(model_path: Path, tensors: list[str], model=None):
+    """observed_model_bytes' model, not serialized; `model`, model_path's ModelProto when the caller has read it, is
+    changed into it."""
     import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
+    model = model if model is not None else onnx.load(str(model_path), load_external_data=False)
     known = {o.name for o in model.graph.output}
     types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
@@ -243,15 +246,17 @@ def observed_model(model_path: Path, tensors: list[str]):
 
 def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray], input_name: str,
               method: str = "percentile", percentile: float = 99.999, threads: int | None = None,
-              tick: Tick | None = None, per_channel: bool = False) -> CalibrationStats:
+              tick: Tick | None = None, per_channel: bool = False, model=None) -> CalibrationStats:
     """Run `batches` through the FP32 model and return each tensor's symmetric range; memory stays flat.
-    per_channel: each tensor's largest |x| per channel of its last axis instead (ChannelMax; `method` unused)."""
+    per_channel: each tensor's largest |x| per channel of its last axis instead (ChannelMax; `method` unused).
+    model: model_path's ModelProto when the caller has read it; calibration uses it up (its weights move into the
+    session), so one read of a large graph serves the batch size and the session."""
     if method not in CALIBRATION_METHODS:
         raise VitexportError(f"Unknown calibration method {method!r}; choose one of: {', '.join(CALIBRATION_METHODS)}.")
     if not 0 < percentile <= 100:
         raise VitexportError(f"The calibration percentile must be in (0, 100], got {percentile}.")
     t0 = time.perf_counter()
-    graph, weights = split_weights(observed_model(Path(model_path), tensors))
+    graph, weights = split_weights(observed_model(Path(model_path), tensors, model))
     sess = create_session(graph, threads=threads, external_folder=Path(model_path).parent, weights=weights)
     collectors = {t: ChannelMax() if per_channel else _Collector(method, percentile) for t in tensors}
 

@@ -194,9 +194,13 @@ def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, select
     with log.step(f"Calibrating ({settings.method}) on {data.count} inputs, {len(selection.activations)} tensors"):
         with log.bar("calibrating", data.count) as tick:
             try:
-                batch = calibration_batch(fp32, selection.activations, CALIB_BATCH)
+                import onnx
+
+                model = onnx.load(str(fp32), load_external_data=False)  # one read for the batch size and session
+                batch = calibration_batch(fp32, selection.activations, CALIB_BATCH, model=model)
                 stats = calibrate(fp32, selection.activations, data.batches(preprocess, batch), input_name,
-                                  settings.method, settings.percentile, tick=tick)
+                                  settings.method, settings.percentile, tick=tick, model=model)
+                del model
             except VitexportError:
                 if data.unreadable and data.unreadable == data.count:
                     raise data.skipped.nothing_usable(data.count, str(data.root)) from None
