@@ -388,3 +388,84 @@ def test_weights_split_off_the_graph_give_the_files_outputs(tmp_path, digits_exp
     assert not weights  # nothing inline to split
     got = create_session(graph, external_folder=ext.parent, weights=weights).run(None, {"pixel_values": x})[0]
     np.testing.assert_array_equal(got, want)
+
+
+def _wide_graph(tmp_path, dims=(6, 300)):
+    """h = x @ w (w of 300 x 300 floats: 360 KB, split off the graph as calibrate's session takes it), y = relu(h)."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array(rng.standard_normal((300, 300)).astype(np.float32) / 10, "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, *dims])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, *dims])], [w],
+                              value_info=[helper.make_tensor_value_info("h", TensorProto.FLOAT, [None, *dims])])
+    path = tmp_path / "wide.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return path, numpy_helper.to_array(w)
+
+
+def test_calibrate_on_a_graph_with_large_weights_by_tensor_and_per_channel(tmp_path):
+    """The weights go to the session as arrays; the ranges are numpy's, per tensor (minmax) and per channel
+    (SmoothQuant's maxima: a list per tensor); a model already read is used, not read again."""
+    import onnx
+
+    from vitexport.precision.calibrate import calibrate
+
+    path, w = _wide_graph(tmp_path)
+    rng = np.random.default_rng(8)
+    batches = [rng.standard_normal((n, 6, 300)).astype(np.float32) for n in (3, 2, 4)]
+    h = np.concatenate(batches) @ w
+    stats = calibrate(path, ["h", "y"], iter(batches), "x", method="minmax")
+    assert stats.amax["h"] == pytest.approx(float(np.abs(h).max()), rel=1e-5)
+    assert stats.amax["y"] == pytest.approx(float(np.maximum(h, 0).max()), rel=1e-5)
+    assert all(type(v) is float for v in stats.amax.values())
+    per = calibrate(path, ["h"], iter(batches), "x", per_channel=True)
+    assert isinstance(per.amax["h"], list) and len(per.amax["h"]) == 300
+    np.testing.assert_allclose(per.amax["h"], np.abs(h).max(axis=(0, 1)), rtol=1e-5)
+    model = onnx.load(str(path))
+    moved = tmp_path / "gone.onnx"
+    path.rename(moved)  # only the model handed over can be used now
+    again = calibrate(path, ["h"], iter(batches), "x", method="minmax", model=model)
+    assert again.amax["h"] == stats.amax["h"]
+
+
+def test_calibrate_reads_external_weights_from_the_models_folder(tmp_path):
+    import onnx
+
+    from vitexport.precision.calibrate import calibrate
+
+    path, w = _wide_graph(tmp_path)
+    ext = tmp_path / "ext"
+    ext.mkdir()
+    onnx.save(onnx.load(str(path)), str(ext / "m.onnx"), save_as_external_data=True, location="w.bin")
+    rng = np.random.default_rng(9)
+    batches = [rng.standard_normal((2, 6, 300)).astype(np.float32)]
+    stats = calibrate(ext / "m.onnx", ["h"], iter(batches), "x", method="minmax")
+    assert stats.amax["h"] == pytest.approx(float(np.abs(batches[0] @ w).max()), rel=1e-5)
+
+
+@pytest.mark.parametrize("budget,largest,want", [(10**9, 8, 8), (2 * 6 * 300 * 4 * 2, 8, 2),
+                                                 (6 * 300 * 4 * 2, 8, 1), (5 * 6 * 300 * 4 * 2, 3, 3), (1, 8, 1)])
+def test_the_calibration_batch_keeps_two_tensors_of_a_batch_within_the_budget(tmp_path, budget, largest, want):
+    """h and y: 6 x 300 float32 each an image (14,400 bytes for both): a batch is as many images as fit."""
+    import onnx
+
+    from vitexport.precision.calibrate import calibration_batch
+
+    path, _ = _wide_graph(tmp_path)
+    assert calibration_batch(path, ["h", "y"], largest, budget) == want
+    model = onnx.load(str(path))
+    path.unlink()  # the model handed over is the one read
+    assert calibration_batch(path, ["h", "y"], largest, budget, model=model) == want
+
+
+def test_the_calibration_batch_of_tensors_of_unknown_size_is_the_largest(tmp_path):
+    from vitexport.precision.calibrate import calibration_batch
+
+    path, _ = _graph(tmp_path)  # no value_info: shapes inferred, (None, 8): 8 floats an image
+    assert calibration_batch(path, ["h"], 8, budget=64) == 2
+    assert calibration_batch(path, ["x", "h"], 8, budget=64) == 1
+    wide, _ = _wide_graph(tmp_path, dims=("tokens", 300))  # a size known only when it runs
+    assert calibration_batch(wide, ["h"], 5, budget=1) == 5
+    assert calibration_batch(wide, ["nowhere"], 5, budget=1) == 5

@@ -201,7 +201,7 @@ def calibration_batch(model_path: Path, tensors: list[str], largest: int, budget
 
     model = model if model is not None else onnx.load(str(model_path), load_external_data=False)
     graph = model.graph if model.graph.value_info else onnx.shape_inference.infer_shapes(model).graph
-    shapes = {v.name: v.type.tensor_type.shape for v in [*graph.value_info, *graph.input]}
+    shapes = {v.name: v.type.tensor_type.shape for v in [*graph.value_info, *graph.input, *graph.output]}
     per_image = 0
     for name in tensors:
         shape = shapes.get(name)
