@@ -20,10 +20,10 @@ QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 def graph_precision(path: Path) -> str:
     """'fp8' or 'int8' if the graph has Q/DQ nodes (by their zero points' type), 'fp16' if it computes in float16,
     else 'fp32'."""
-    import onnx
+    from .graphs import read_graph
 
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = read_graph(path)
     except Exception:  # protobuf's DecodeError, onnx's parse errors, OSError
         raise VitexportError(f"{path} is not a readable ONNX model.") from None
     ops = {n.op_type for n in model.graph.node}
@@ -74,12 +74,13 @@ LIGHT_BYTES = 4096  # tensors larger than this are left out of the copy shape in
 
 
 def load_weights(path: Path, skip: frozenset[str] = frozenset(), fp16: bool = False,
-                 float32: frozenset[str] = frozenset()):
+                 float32: frozenset[str] = frozenset(), model=None):
     """The model at `path` read one weight at a time, from the file or its external data, into a model that holds
     them inline; with fp16, every float weight over LIGHT_BYTES already in FP16 with the converter's own rounding
     (`convert_np_to_float16`), so the FP32 weights are never all in memory. `skip`: weights about to be replaced
     (by their quantized form) and never read: they stay as FP16 (fp16) or FP32 tensors with dims and no data.
-    `float32`: weights read as they are (FP32) even with fp16: those of nodes kept in FP32.
+    `float32`: weights read as they are (FP32) even with fp16: those of nodes kept in FP32. `model`: the graph at
+    `path` already read (without its external data), which is changed in place.
 
     Peak memory is the model written plus one weight, where onnx.load followed by a conversion holds the FP32
     weights, then their FP16 copies besides (a protobuf message keeps a replaced field's bytes until it is freed).
@@ -89,7 +90,7 @@ def load_weights(path: Path, skip: frozenset[str] = frozenset(), fp16: bool = Fa
     from onnx.external_data_helper import uses_external_data
     from onnxruntime.transformers.float16 import convert_np_to_float16
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = model if model is not None else onnx.load(str(path), load_external_data=False)
     base = str(Path(path).parent)
     for t in model.graph.initializer:
         external, is_float = uses_external_data(t), t.data_type == onnx.TensorProto.FLOAT
@@ -144,13 +145,13 @@ def convert_fp16(src: Path, dst: Path, keep_fp32: tuple[str, ...] = DEFAULT_KEEP
     save_checked(to_fp16(model, tuple(keep_fp32), Path(src), tuple(keep_nodes)), dst, "FP16")
 
 
-def fp32_weights(src: Path, keep_nodes: tuple[str, ...]) -> frozenset[str]:
-    """The initializers the nodes `keep_nodes` read."""
+def fp32_weights(src: Path, keep_nodes: tuple[str, ...], graph=None) -> frozenset[str]:
+    """The initializers the nodes `keep_nodes` read (of `graph` when given, the graph at src already read)."""
     if not keep_nodes:
         return frozenset()
-    import onnx
+    from .graphs import read_graph
 
-    graph = onnx.load(str(src), load_external_data=False).graph
+    graph = graph if graph is not None else read_graph(src).graph
     inits, kept = {i.name for i in graph.initializer}, set(keep_nodes)
     return frozenset(t for n in graph.node if n.name in kept for t in n.input if t in inits)
 

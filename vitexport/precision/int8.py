@@ -160,9 +160,9 @@ def placement_of(kind: str, settings) -> str:
 def selection_for(fp32: Path, settings, kind: str = "int8") -> GemmSelection:
     """The GEMMs to quantize for these settings and kind, read from one load of the FP32 graph (its weights
     left on disk)."""
-    import onnx
+    from .graphs import read_graph
 
-    model = onnx.load(str(fp32), load_external_data=False)
+    model = read_graph(fp32)
     excluded = set(resolve_exclusions(model.graph, settings))
     placement = placement_of(kind, settings)
     if placement == "fp8":
@@ -194,9 +194,9 @@ def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, select
     with log.step(f"Calibrating ({settings.method}) on {data.count} inputs, {len(selection.activations)} tensors"):
         with log.bar("calibrating", data.count) as tick:
             try:
-                import onnx
+                from .graphs import take_graph
 
-                model = onnx.load(str(fp32), load_external_data=False)  # one read for the batch size and session
+                model = take_graph(fp32)  # one read for the batch size and the session, which uses it up
                 batch = calibration_batch(fp32, selection.activations, CALIB_BATCH, model=model)
                 stats = calibrate(fp32, selection.activations, data.batches(preprocess, batch), input_name,
                                   settings.method, settings.percentile, tick=tick, model=model)
@@ -254,8 +254,13 @@ def channel_maxima(fp32: Path, data: CalibrationSet, preprocess, input_name: str
         log.warn(f"The calibration cache {cache.name} is damaged or incomplete: measuring again.")
     with log.step(f"Measuring per-channel maxima of {len(tensors)} LayerNorm outputs on {data.count} inputs"):
         with log.bar("per-channel maxima", data.count) as tick:
-            stats = calibrate(fp32, tensors, data.batches(preprocess, calibration_batch(fp32, tensors, CALIB_BATCH)),
-                              input_name, tick=tick, per_channel=True)
+            from .graphs import take_graph
+
+            model = take_graph(fp32)
+            batch = calibration_batch(fp32, tensors, CALIB_BATCH, model=model)
+            stats = calibrate(fp32, tensors, data.batches(preprocess, batch), input_name, tick=tick, per_channel=True,
+                              model=model)
+            del model
     write_text_atomic(cache, json.dumps({"format": CHANNEL_FORMAT, "samples": stats.samples, "max": stats.amax},
                                         sort_keys=True) + "\n")
     return stats.amax  # type: ignore[return-value]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..artifacts.folder import ModelFolder, artifact_kind, onnx_digest
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
-from ..artifacts.verify import BROKEN, MISSING, check_onnx
+from ..artifacts.verify import BROKEN, MISSING, check_onnx, digest
 from ..backends.ort_session import interleaved_latency, optimization_for
 from ..errors import ParityError, VitexportError
 from ..model.labels import class_names
@@ -24,6 +25,7 @@ from ..validate.evaluate import ValidationSet, open_validation
 from .check import check_against_fp32, fp32_reference
 from .convert import graph_precision
 from .fp16 import write_fp16
+from .graphs import let_go, read_graph, sharing
 from .groups import without, without_nodes
 from .int8 import (
     QDQ_KINDS,
@@ -61,9 +63,9 @@ def _fp32_source(folder: ModelFolder, precision: str) -> tuple[Path, str, Manife
         raise VitexportError(f"Unknown precision {precision!r}: choose one of {', '.join(CONVERTERS)}.")
     manifest = folder.read_manifest()
     fp32 = folder.onnx("fp32")
-    if graph_precision(fp32) != "fp32":
-        raise VitexportError(f"{fp32} is already {graph_precision(fp32).upper()}; nothing to convert.")
-    fp32_sha = sha256_file(fp32)
+    if (found := graph_precision(fp32)) != "fp32":
+        raise VitexportError(f"{fp32} is already {found.upper()}; nothing to convert.")
+    fp32_sha = digest(fp32)  # hashed once a process, while the file is unchanged (the command checked it already)
     if manifest.onnx_sha256 and manifest.onnx_sha256 != fp32_sha:
         raise VitexportError(f"{fp32} changed since it was exported (sha256 differs from the manifest); re-export it.")
     return fp32, fp32_sha, manifest
@@ -86,15 +88,16 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
     """Make the FP16 or INT8 ONNX of an exported model now, check it, record it; ParityError (exit 1) on a miss."""
     opts = opts or CalibOptions()
     folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
-    fp32, fp32_sha, manifest = _fp32_source(folder, precision)
-    out_path = folder.onnx(precision)
-    record = PrecisionRecord(file=out_path.name, source_sha256=fp32_sha)
-    held = _heldout(opts, manifest, precision, log)
-    try:
-        return _make(folder, precision, fp32, fp32_sha, manifest, record, held, opts, log)
-    finally:
-        if held is not None:
-            held.close()
+    with sharing() if precision in QDQ_KINDS else nullcontext():  # FP16 reads its graph its own way
+        fp32, fp32_sha, manifest = _fp32_source(folder, precision)
+        out_path = folder.onnx(precision)
+        record = PrecisionRecord(file=out_path.name, source_sha256=fp32_sha)
+        held = _heldout(opts, manifest, precision, log)
+        try:
+            return _make(folder, precision, fp32, fp32_sha, manifest, record, held, opts, log)
+        finally:
+            if held is not None:
+                held.close()
 
 
 def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manifest: Manifest, record: PrecisionRecord,
@@ -189,9 +192,7 @@ def _calibrated(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, manif
     pp = manifest.preprocess.to_dict()
     source, smoothed, source_sha = fp32, None, fp32_sha
     if settings.smoothquant is not None:
-        import onnx
-
-        sites = smooth_sites(onnx.load(str(fp32), load_external_data=False).graph, set(selection.nodes))
+        sites = smooth_sites(read_graph(fp32).graph, set(selection.nodes))
         if not sites:
             log.warn("No LayerNorm feeds quantized MatMuls of its own: --smoothquant changes nothing.")
         tensors = [site.tensor for site in sites]
@@ -226,6 +227,7 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
         cal = _calibrated(folder, kind, fp32, fp32_sha, manifest, opts, Path(scratch), log)
         verdict, fallback = None, None
         if settings.target():
+            let_go()  # the search reads its graphs its own way: the shared one would only hold memory
             verdict, fallback = _fall_back(folder, kind, fp32, cal, dst, held, manifest, opts, record, Path(scratch),
                                            log)
         else:

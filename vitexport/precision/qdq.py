@@ -28,6 +28,7 @@ from ..artifacts.folder import CPU_INT8_WEIGHT_MAX
 from ..errors import VitexportError, first_line
 from ..tensorrt_engine.fusion import LINEAR_OPS, constant_names
 from .convert import fp32_weights, load_weights, save_checked, to_fp16, topological_sort, with_inferred_types
+from .graphs import take_graph
 
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
 # FP8: from 21 on, Reshape/Squeeze/Transpose take FP8 tensors, which ONNX Runtime's Q/DQ propagation makes when it
@@ -207,13 +208,11 @@ def qdq_sources(fp32_path: Path, selection: GemmSelection, fp16: bool, scale_dty
     weights in FP16 when fp16, but the nodes `keep_nodes` in FP32), each read one weight at a time: the FP32 weights
     are never all in memory, whatever the model's size (external data included). keep_float: the quantized
     weights' float form is loaded too."""
-    import onnx
-
     fp32_path = Path(fp32_path)
-    gemms = float_gemms(onnx.load(str(fp32_path), load_external_data=False), selection, scale_dtype, weight_max,
-                        fmt, fp32_path.parent)
+    model = take_graph(fp32_path)  # one parse: the weights are quantized from it, then it becomes the remainder
+    gemms = float_gemms(model, selection, scale_dtype, weight_max, fmt, fp32_path.parent)
     model = load_weights(fp32_path, frozenset() if keep_float else gemms.replaced, fp16,
-                         fp32_weights(fp32_path, keep_nodes) if fp16 else frozenset())
+                         fp32_weights(fp32_path, keep_nodes, model.graph) if fp16 else frozenset(), model=model)
     return gemms, (to_fp16(model, keep_fp32=(), source=fp32_path, keep_nodes=keep_nodes) if fp16 else model)
 
 

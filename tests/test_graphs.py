@@ -1,0 +1,94 @@
+"""One parse of the FP32 graph shared by a precision run's steps: readers share it, a taker gets it and nobody sees
+it afterwards, and what is written is byte for byte what separate parses write."""
+
+import os
+
+import onnx
+import pytest
+from conftest import copy_export
+from onnx import TensorProto, helper
+
+from vitexport.precision import CalibOptions, graphs
+from vitexport.precision.prepare import run_quantize
+
+
+def _identity(path, name):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"], name=name)], "g",
+                                                  [x], [y])), str(path))
+    return path
+
+
+def test_readers_share_one_parse_and_a_taker_gets_it_for_itself(tmp_path):
+    path = _identity(tmp_path / "m.onnx", "first")
+    assert graphs.read_graph(path) is not graphs.read_graph(path)  # outside sharing(): a parse each
+    with graphs.sharing():
+        shared = graphs.read_graph(path)
+        assert graphs.read_graph(path) is shared
+        with graphs.sharing():  # nested: the same sharing
+            assert graphs.read_graph(path) is shared
+        taken = graphs.take_graph(path)
+        assert taken is shared
+        taken.graph.node[0].name = "changed by its taker"
+        again = graphs.read_graph(path)
+        assert again is not taken and again.graph.node[0].name == "first"
+        assert graphs.take_graph(path) is again  # taken once more: the next parse is the taker's alone
+        assert graphs.take_graph(path) is not again
+        graphs.read_graph(path)
+        graphs.let_go()
+        assert graphs.read_graph(path) is not again
+    assert graphs.read_graph(path) is not graphs.read_graph(path)
+
+
+def test_a_file_changed_while_shared_is_read_again(tmp_path):
+    path = _identity(tmp_path / "m.onnx", "first")
+    with graphs.sharing():
+        assert graphs.read_graph(path).graph.node[0].name == "first"
+        st = os.stat(path)
+        _identity(path, "second, a longer name")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        assert graphs.read_graph(path).graph.node[0].name == "second, a longer name"
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The paths graphs parses, in order."""
+    seen = []
+    parse = graphs._parse
+
+    def counting(path):
+        seen.append(os.path.basename(path))
+        return parse(path)
+
+    monkeypatch.setattr(graphs, "_parse", counting)
+    return seen
+
+
+def test_int8_parses_its_fp32_graph_twice_and_writes_what_separate_parses_write(tmp_path, digits_export, counted,
+                                                                                 monkeypatch):
+    folder = copy_export(digits_export, tmp_path / "m")
+    opts = CalibOptions(samples=12, check=False)
+    fresh = run_quantize(folder, "int8", opts)  # calibrated now: shared by its readers, then taken by the session
+    assert counted == ["model.onnx", "model.onnx"]
+    written = fresh.onnx_path.read_bytes()
+    counted.clear()
+    cached = run_quantize(folder, "int8", opts)  # the cached ranges: one parse, taken by the writer
+    assert cached.cache_reused and not fresh.cache_reused and counted == ["model.onnx"]
+    assert cached.onnx_path.read_bytes() == written
+    monkeypatch.setattr(graphs, "_shared", None)
+    monkeypatch.setattr(graphs, "sharing", lambda: _nothing_shared())
+    from vitexport.precision import prepare
+
+    monkeypatch.setattr(prepare, "sharing", lambda: _nothing_shared())
+    counted.clear()
+    separate = run_quantize(folder, "int8", opts)
+    assert len(counted) >= 3 and separate.onnx_path.read_bytes() == written
+
+
+class _nothing_shared:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
