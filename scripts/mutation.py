@@ -53,9 +53,8 @@ MODULES: dict[str, list[str]] = {
     "validate/labels.py": ["tests/test_data_rules.py", "tests/test_dataset_labels.py::test_names_two_classes_share_map_to_neither",
                            "-k", "reading or names or model_labels"],
     "model/outputs.py": ["tests/test_data_rules.py", "-k", "outputs or shapes or output_sentences"],
-    "precision/graphs.py": ["tests/test_graphs.py"],
-    "bench/latency.py": ["tests/test_bench.py::test_default_timing_stops_once_the_median_is_stable",
-                         "tests/test_gpu_runners_cpu.py", "tests/test_report.py"],
+    "precision/graphs.py": ["tests/test_graphs.py", "-k", "not int8"],  # the int8 test exports (torch in a fork)
+    "bench/latency.py": ["tests/test_latency.py", "tests/test_bench.py::test_default_timing_stops_once_the_median_is_stable"],
 }
 
 # mutant name -> why it cannot change behaviour (left out of the score)
