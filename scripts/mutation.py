@@ -211,6 +211,8 @@ EQUIVALENT: dict[str, str] = {
                                         "similarities and the same votes" for i in (60, 63, 162, 164, 174)},
     **{f"{_K}x_neighbours__mutmut_{i}": "argpartition's and take_along_axis' default axis is the last, axis 1 here"
        for i in (129, 140, 147)},
+    "vitexport.precision.graphs.x__parse__mutmut_2": "load_external_data=None: onnx.load_model tests it for truth "
+                                                     "(`if load_external_data:`), as it does False",
 }
 
 

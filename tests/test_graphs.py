@@ -3,6 +3,7 @@ it afterwards, and what is written is byte for byte what separate parses write."
 
 import os
 
+import numpy as np
 import onnx
 import pytest
 from conftest import copy_export
@@ -35,10 +36,24 @@ def test_readers_share_one_parse_and_a_taker_gets_it_for_itself(tmp_path):
         assert again is not taken and again.graph.node[0].name == "first"
         assert graphs.take_graph(path) is again  # taken once more: the next parse is the taker's alone
         assert graphs.take_graph(path) is not again
-        graphs.read_graph(path)
+        held = graphs.read_graph(path)
         graphs.let_go()
-        assert graphs.read_graph(path) is not again
+        assert graphs.read_graph(path) is not held
     assert graphs.read_graph(path) is not graphs.read_graph(path)
+
+
+def test_the_weights_in_external_data_stay_on_disk(tmp_path):
+    """Readers fetch external weights one at a time: a parse never loads them (here they are gone)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    w = onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="m.data", size_threshold=0)
+    (tmp_path / "m.data").unlink()
+    for read in (graphs.read_graph, graphs.take_graph):
+        t = read(path).graph.initializer[0]
+        assert t.data_location == TensorProto.EXTERNAL and not t.raw_data
 
 
 def test_a_file_changed_while_shared_is_read_again(tmp_path):

@@ -102,6 +102,21 @@ def test_a_gpu_runner_has_its_copies_timed_apart(monkeypatch):
     assert runner.calls.count(("stage", (2, 3, 8, 8))) == 4 and runner.calls.count(("fetch",)) == 3
 
 
+def test_min_time_is_counted_from_the_first_timed_run(monkeypatch):
+    clock = _Clock()
+    clock.now = 1000.0
+    monkeypatch.setattr(latency.time, "perf_counter", clock)
+
+    class Slow(_Scripted):
+        def timed_run(self, staged):
+            clock.now += 0.1
+            return super().timed_run(staged)
+
+    lat = measure_latency(Slow([100.0] * 20), np.zeros((1, 3, 8, 8), np.float32), iterations=2, min_time=0.45,
+                          warmup=0)
+    assert lat.iterations == 5  # 0.5 s of runs: two were asked for, the time was not yet reached
+
+
 def test_takes_batch_notes_and_says_a_batch_outside_the_engines_range():
     class Log:
         lines = []
@@ -115,7 +130,7 @@ def test_takes_batch_notes_and_says_a_batch_outside_the_engines_range():
     assert not takes_batch(runner, 16, info, log) and not takes_batch(runner, 1, info, log)
     assert info == {"skipped_batches": [16, 1]}
     assert log.lines[0] == f"{runner.name}: batch 16 is outside its range 2-8; not timed"
-    assert takes_batch(_Scripted([]), 64, {}, log)  # no range: any batch
+    assert takes_batch(_Scripted([]), 64, {}, log) and takes_batch(_Scripted([]), 1, {}, log)  # no range: any
 
 
 def test_latency_keeps_what_it_is_given():

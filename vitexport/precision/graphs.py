@@ -2,7 +2,7 @@
 
 Making an INT8 graph reads the FP32 graph for its precision, its GEMM choice, its calibration and the Q/DQ writer;
 a ViT-B/16 graph with its weights inline is 346 MB, 0.4-0.6 s a parse. Inside `sharing()`, `read_graph` parses a
-file once (by its path and state: inode, size, mtime) and hands every reader the same message, which readers must
+file once (by its state: device, inode, size, mtime) and hands every reader the same message, which readers must
 not change; `take_graph` hands a step that changes the graph (the calibration, the Q/DQ writer) the shared message
 and forgets it, so nobody sees it changed and its memory goes with its taker. Outside `sharing()` both simply parse.
 Weights in external data are never loaded here (`load_external_data=False`): readers fetch them one at a time.
@@ -19,8 +19,8 @@ _shared: dict[tuple, object] | None = None  # file state -> ModelProto, inside s
 
 
 def _state(path: Path) -> tuple:
-    st = os.stat(path)
-    return str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns
+    st = os.stat(path)  # the file itself (device and inode: any path to it), and its size and time of change
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _parse(path: Path):
