@@ -375,12 +375,24 @@ def test_weights_split_off_the_graph_give_the_files_outputs(tmp_path, digits_exp
     x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
     want = create_session(src).run(None, {"pixel_values": x})[0]
     model = onnx.load(str(src))
-    graph, weights = split_weights(model)
+    before = model.SerializeToString()
+    extra = onnx.helper.make_tensor_value_info(model.graph.node[3].output[0], onnx.TensorProto.FLOAT, None)
+    graph, weights = split_weights(model, outputs=[extra])
+    assert model.SerializeToString() == before  # the model is not changed: the session gets a copy
     assert len(graph) < 0.1 * src.stat().st_size and weights  # the weights (all but those under 1 KB) are not in it
-    lifted = [t for t in model.graph.initializer if t.external_data and t.external_data[0].value == LIFTED]
+    copy = onnx.load_from_string(graph)
+    lifted = [t for t in copy.graph.initializer if t.external_data and t.external_data[0].value == LIFTED]
     assert {t.name for t in lifted} == set(weights) and all(not t.raw_data for t in lifted)
-    got = create_session(graph, weights=weights).run(None, {"pixel_values": x})[0]
-    np.testing.assert_array_equal(got, want)
+    assert [o.name for o in copy.graph.output] == [o.name for o in model.graph.output] + [extra.name]
+    assert [n.name for n in copy.graph.node] == [n.name for n in model.graph.node]
+    assert copy.opset_import == model.opset_import and copy.ir_version == model.ir_version
+    inline = {t.name: t for t in model.graph.initializer}
+    for name, array in weights.items():
+        np.testing.assert_array_equal(array, onnx.numpy_helper.to_array(inline[name]))
+    got = create_session(graph, weights=weights)
+    outs = got.run(None, {"pixel_values": x})
+    np.testing.assert_array_equal(outs[0], want)
+    assert len(outs) == 2
     ext = tmp_path / "ext" / "model.onnx"
     ext.parent.mkdir()
     onnx.save(onnx.load(str(src)), str(ext), save_as_external_data=True, location="w.bin")

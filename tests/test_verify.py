@@ -327,3 +327,56 @@ def test_a_digest_is_remembered_only_while_the_file_is_unchanged(tmp_path):
     assert verify.digest(onnx_path) == _sha(onnx_path.read_bytes()) != folded
     assert folded == hashlib.sha256(f"{_sha(onnx_path.read_bytes())}:{_sha(b'weights')}".encode()).hexdigest()
     onnx.checker.check_model(onnx.load(str(onnx_path), load_external_data=False), full_check=True)
+
+
+def test_a_prefetched_digest_is_computed_once_and_waited_for(tmp_path, monkeypatch):
+    import threading
+
+    data = os.urandom(1 << 20)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(data)
+    started, release, calls = threading.Event(), threading.Event(), []
+    real = verify.sha256_file
+
+    def slow(p):
+        calls.append(Path(p).name)
+        started.set()
+        assert release.wait(10)
+        return real(p)
+
+    monkeypatch.setattr(verify, "sha256_file", slow)
+    monkeypatch.setattr(verify, "_digests", {})
+    verify.prefetch_digest(path)
+    assert started.wait(10)  # hashing on its own thread
+    threading.Timer(0.2, release.set).start()
+    assert verify.digest(path) == hashlib.sha256(data).hexdigest()  # waited for, not computed again
+    assert calls == ["model.onnx"]
+
+
+def test_a_prefetch_never_raises_nor_reads_what_is_not_a_regular_file(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(verify, "sha256_file", lambda p: calls.append(p) or "x")
+    monkeypatch.setattr(verify, "_digests", {})
+    verify.prefetch_digest(tmp_path / "absent.onnx")
+    fifo = tmp_path / "fifo.onnx"
+    os.mkfifo(fifo)
+    verify.prefetch_digest(fifo)  # a read of it would wait for a writer forever
+    verify.prefetch_digest(tmp_path)
+    assert calls == []
+
+
+def test_a_digest_that_failed_is_read_again(tmp_path, monkeypatch):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"onnx")
+    fail = [True]
+
+    def flaky(p):
+        if fail.pop() if fail else False:
+            raise OSError("read error")
+        return hashlib.sha256(Path(p).read_bytes()).hexdigest()
+
+    monkeypatch.setattr(verify, "sha256_file", flaky)
+    monkeypatch.setattr(verify, "_digests", {})
+    with pytest.raises(OSError):
+        verify.digest(path)
+    assert verify.digest(path) == hashlib.sha256(b"onnx").hexdigest()

@@ -13,6 +13,8 @@ ONNX); `unrecorded` (present, but no record describes it). Commands that read an
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,16 +35,49 @@ from .manifest import IrRecord, Manifest
 OK, MISSING, BROKEN, STALE, UNRECORDED = "ok", "missing", "broken", "stale", "unrecorded"
 PROBLEMS = (BROKEN, STALE, UNRECORDED)  # present and not to be used
 
-_digests: dict[tuple, str] = {}  # (path, inode, size, mtime) -> sha256: a file is read once per process
+_digests: dict[tuple, Future] = {}  # (path, inode, size, mtime) -> sha256: a file is read once per process
+_digests_lock = threading.Lock()
 
 
 def digest(path: Path, fold_external_data: bool = False) -> str:
-    """sha256 of a file (with its external data folded in when asked), remembered while the file is unchanged."""
+    """sha256 of a file (with its external data folded in when asked), remembered while the file is unchanged; one
+    being computed (prefetch_digest) is waited for, not computed twice."""
     st = os.stat(path)
     key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, fold_external_data)
-    if key not in _digests:
-        _digests[key] = onnx_digest(path) if fold_external_data else sha256_file(path)
-    return _digests[key]
+    with _digests_lock:
+        known = _digests.get(key)
+        if known is None:
+            known = _digests[key] = Future()
+            mine = True
+        else:
+            mine = False
+    if mine:
+        try:
+            known.set_result(onnx_digest(path) if fold_external_data else sha256_file(path))
+        except BaseException as e:  # unreadable now: asked again, it is read again
+            with _digests_lock:
+                _digests.pop(key, None)
+            known.set_exception(e)
+            raise
+    return known.result()
+
+
+def prefetch_digest(path: Path) -> None:
+    """Start hashing the regular file `path` on a thread of its own (hashlib and reads release the GIL), while the
+    caller imports and reads; the digest() that asks for it waits for it. Never raises: that digest() says what is
+    wrong."""
+
+    def run() -> None:
+        try:
+            digest(path)
+        except Exception:
+            pass
+
+    try:
+        if Path(path).is_file():  # not a FIFO or a device, whose read would never end
+            threading.Thread(target=run, name="vitexport-digest", daemon=True).start()
+    except OSError:
+        pass
 
 
 _external: dict[tuple, str | None] = {}  # external_data_problem per file state, like _digests
@@ -92,8 +127,9 @@ def check_onnx(folder: ModelFolder, kind: str, manifest: Manifest | None = None)
         if kind == "fp32" else f"make it again with `{artifact_kind(kind).made_by}`"
     if not path.is_file():
         return FileCheck(kind, path, MISSING, "is missing", remedy=remedy)
+    why = _external_data_problem(path)  # before any library loads the file (and while a prefetched digest is made)
     sha = digest(path)
-    if (why := _external_data_problem(path)) is not None:  # before any library loads the file
+    if why is not None:
         return FileCheck(kind, path, BROKEN, why, sha, remedy)
     if kind == "fp32":
         if not manifest.onnx_sha256:

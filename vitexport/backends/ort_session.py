@@ -21,24 +21,42 @@ def optimization_for(precision: str) -> str:
 LIFTED = "vitexport-in-memory"  # the external-data location of weights handed to ONNX Runtime as arrays
 
 
-def split_weights(model, min_bytes: int = 1024) -> tuple[bytes, dict]:
-    """(the graph serialized without its inline weights, {initializer: array}) for create_session(bytes, weights=):
-    a graph rewritten in memory (calibration's, with more outputs) is then not serialized with its weights and
-    parsed back (ViT-B/16: 2.0 s -> 1.0 s to a session). The model is changed: its inline initializers of at least
-    min_bytes are marked external (LIFTED), their bytes moved into the arrays."""
+def split_weights(model, min_bytes: int = 1024, outputs=()) -> tuple[bytes, dict]:
+    """(a copy of the graph serialized without its inline weights, {initializer: array}) for create_session(bytes,
+    weights=): a graph rewritten in memory (calibration's, with more outputs) is then not serialized with its
+    weights and parsed back (ViT-B/16: 2.0 s -> 1.0 s to a session). In the copy, the inline initializers of at
+    least min_bytes are stubs marked external (LIFTED), their bytes copied into the arrays, and `outputs`
+    (ValueInfoProtos) follow the graph's own. The model is not changed: another step can use it after the session."""
     import numpy as np
-    from onnx import TensorProto, helper
+    from onnx import GraphProto, ModelProto, TensorProto, helper
 
-    weights = {}
+    weights, inits = {}, []
     for t in model.graph.initializer:
         if t.data_location != TensorProto.EXTERNAL and len(t.raw_data) >= min_bytes:
             dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
             weights[t.name] = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
-            t.ClearField("raw_data")
-            t.data_location = TensorProto.EXTERNAL
-            del t.external_data[:]
+            t = TensorProto(name=t.name, data_type=t.data_type, dims=t.dims, data_location=TensorProto.EXTERNAL)
             t.external_data.add(key="location", value=LIFTED)
-    return model.SerializeToString(), weights
+        inits.append(t)
+    light = _copy_but(model, "graph", ModelProto())
+    light.graph.CopyFrom(_copy_but(model.graph, "initializer", GraphProto()))
+    light.graph.initializer.extend(inits)
+    light.graph.output.extend(outputs)
+    return light.SerializeToString(), weights
+
+
+def _copy_but(message, skip: str, out):
+    """`out` with every field of `message` set, but `skip` (a copy of a graph without its weights, cheaply)."""
+    for field, value in message.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(out, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(out, field.name).CopyFrom(value)
+        else:
+            setattr(out, field.name, value)
+    return out
 
 
 def create_session(path: Path | str | bytes, providers: list[str] | None = None, threads: int | None = None,

@@ -50,6 +50,8 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
         raise click.UsageError("--json and --plot write what --sensitivity measures; add --sensitivity.")
     if sensitivity:
         return _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, log)
+    if target is not None:  # hashed for its check while the modules below are imported
+        _prefetch_fp32_digest(Path(target))
     from ..ensure import ensure_artifact
 
     for kind in kinds:
@@ -106,3 +108,14 @@ def _fallback_of(path: Path, kind: str) -> dict | None:
 
     rec = ModelFolder(path.parent).read_manifest().precisions.get(kind)
     return rec.calibration.fallback if rec is not None and rec.calibration is not None else None
+
+
+def _prefetch_fp32_digest(target: Path) -> None:
+    from ..artifacts.folder import ModelFolder
+    from ..artifacts.verify import prefetch_digest
+    from ..errors import VitexportError
+
+    try:
+        prefetch_digest(ModelFolder.containing(target).onnx())
+    except (OSError, VitexportError):
+        pass  # the command's own checks say what is wrong with the folder

@@ -223,25 +223,28 @@ def observed_model_bytes(model_path: Path, tensors: list[str]) -> bytes:
     """The FP32 model with `tensors` added as graph outputs, serialized (ONNX Runtime loads it from memory). Weights
     in external data stay there: ONNX Runtime reads them from the model's folder (create_session's external_folder),
     so the bytes are the graph alone, whatever the model's size."""
-    return observed_model(model_path, tensors).SerializeToString()
-
-
-def observed_model(model_path: Path, tensors: list[str], model=None):
-    """observed_model_bytes' model, not serialized; `model`, model_path's ModelProto when the caller has read it, is
-    changed into it."""
     import onnx
 
-    model = model if model is not None else onnx.load(str(model_path), load_external_data=False)
+    model = onnx.load(str(model_path), load_external_data=False)
+    model.graph.output.extend(observed_outputs(model, tensors))
+    return model.SerializeToString()
+
+
+def observed_outputs(model, tensors: list[str]) -> list:
+    """The graph outputs (ValueInfoProtos) that `tensors` need beyond the model's own, typed as the graph says."""
+    import onnx
+
     known = {o.name for o in model.graph.output}
     types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    outputs = []
     for name in tensors:
         if name not in produced:
             raise VitexportError(f"The graph has no tensor {name!r} to calibrate.")
         if name not in known:
-            model.graph.output.append(
-                onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT), None))
-    return model
+            known.add(name)
+            outputs.append(onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT), None))
+    return outputs
 
 
 def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray], input_name: str,
@@ -249,14 +252,17 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
               tick: Tick | None = None, per_channel: bool = False, model=None) -> CalibrationStats:
     """Run `batches` through the FP32 model and return each tensor's symmetric range; memory stays flat.
     per_channel: each tensor's largest |x| per channel of its last axis instead (ChannelMax; `method` unused).
-    model: model_path's ModelProto when the caller has read it; calibration uses it up (its weights move into the
-    session), so one read of a large graph serves the batch size and the session."""
+    model: model_path's ModelProto when the caller has read it (it is not changed: one read of a large graph serves
+    the batch size, the session, and whoever needs the graph afterwards)."""
     if method not in CALIBRATION_METHODS:
         raise VitexportError(f"Unknown calibration method {method!r}; choose one of: {', '.join(CALIBRATION_METHODS)}.")
     if not 0 < percentile <= 100:
         raise VitexportError(f"The calibration percentile must be in (0, 100], got {percentile}.")
+    import onnx
+
     t0 = time.perf_counter()
-    graph, weights = split_weights(observed_model(Path(model_path), tensors, model))
+    model = model if model is not None else onnx.load(str(model_path), load_external_data=False)
+    graph, weights = split_weights(model, outputs=observed_outputs(model, tensors))
     sess = create_session(graph, threads=threads, external_folder=Path(model_path).parent, weights=weights)
     collectors = {t: ChannelMax() if per_channel else _Collector(method, percentile) for t in tensors}
 

@@ -3,8 +3,9 @@
 Making an INT8 graph reads the FP32 graph for its precision, its GEMM choice, its calibration and the Q/DQ writer;
 a ViT-B/16 graph with its weights inline is 346 MB, 0.4-0.6 s a parse. Inside `sharing()`, `read_graph` parses a
 file once (by its state: device, inode, size, mtime) and hands every reader the same message, which readers must
-not change; `take_graph` hands a step that changes the graph (the calibration, the Q/DQ writer) the shared message
-and forgets it, so nobody sees it changed and its memory goes with its taker. Outside `sharing()` both simply parse.
+not change (the calibration reads it: its session gets a copy of the graph and of the weights); `take_graph` hands
+a step that changes the graph (the Q/DQ writer) the shared message and forgets it, so nobody sees it changed and its
+memory goes with its taker. Outside `sharing()` both simply parse.
 Weights in external data are never loaded here (`load_external_data=False`): readers fetch them one at a time.
 """
 

@@ -194,9 +194,9 @@ def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, select
     with log.step(f"Calibrating ({settings.method}) on {data.count} inputs, {len(selection.activations)} tensors"):
         with log.bar("calibrating", data.count) as tick:
             try:
-                from .graphs import take_graph
+                from .graphs import read_graph
 
-                model = take_graph(fp32)  # one read for the batch size and the session, which uses it up
+                model = read_graph(fp32)  # one read for the batch size, the session and the Q/DQ writer
                 batch = calibration_batch(fp32, selection.activations, CALIB_BATCH, model=model)
                 stats = calibrate(fp32, selection.activations, data.batches(preprocess, batch), input_name,
                                   settings.method, settings.percentile, tick=tick, model=model)
@@ -256,7 +256,7 @@ def channel_maxima(fp32: Path, data: CalibrationSet, preprocess, input_name: str
         with log.bar("per-channel maxima", data.count) as tick:
             from .graphs import take_graph
 
-            model = take_graph(fp32)
+            model = take_graph(fp32)  # SmoothQuant's maxima: the smoothed graph is calibrated and written next
             batch = calibration_batch(fp32, tensors, CALIB_BATCH, model=model)
             stats = calibrate(fp32, tensors, data.batches(preprocess, batch), input_name, tick=tick, per_channel=True,
                               model=model)

@@ -209,6 +209,7 @@ def _calibrated(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, manif
                                 folder.calib_cache(key), log)
     kept: list[Kept] = []
     if kind_format(kind).fp16:  # the FP16 remainder: what its ranges keep in FP32, and those GEMMs unquantized
+        let_go()  # the ranges of every tensor need the memory more than the writer needs the parse
         kept = measured_keep(source, source_sha, manifest, opts, folder.calib_cache, log)
         selection = without_nodes(selection, {k.node for k in kept})
     return Calibrated(source, selection, amax, key, reused, used, calib_root, data.count - used, smoothed, kept)
