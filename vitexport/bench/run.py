@@ -137,14 +137,17 @@ class BenchReport:
 
 def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = None, *, prepare: bool = True,
                   sizes: tuple[tuple[int, int], ...] | None = None, judge_output: str | None = None,
-                  log: Log = QUIET) -> ModelFolder:
+                  data: Path | None = None, log: Log = QUIET) -> ModelFolder:
     """The folder to bench, with its FP16/INT8 ONNX made when missing (default options; the bench checks parity
     itself). A kind that cannot be made is warned about and then listed as unavailable. Sizes the export cannot
-    take, and an output it does not have, are refused first, before anything is made."""
+    take, an output it does not have, and a --data folder none of whose images can be used, are refused first,
+    before anything is made."""
     folder = open_model(target, spec, export=prepare, verify=False, log=log)  # a wrong file: a FAIL in the table
     manifest = folder.read_manifest()
     bench_sizes(manifest, sizes)
     judged_output(manifest, judge_output)
+    if prepare and data is not None:
+        refuse_unusable(Path(data), manifest)
     if prepare:
         for kind in PREPARED_KINDS + (GPU_PREPARED_KINDS if cuda_gpu() is not None else ()):
             try:
@@ -154,6 +157,24 @@ def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = No
             except VitexportError as e:
                 log.warn(f"Could not prepare the {kind.upper()} model: {e}")
     return folder
+
+
+def refuse_unusable(data: Path, manifest: Manifest) -> None:
+    """The sentence the bench would give minutes later, after making graphs, when no image of `data` decodes; its
+    images are tried until one does (one decode for a usable folder)."""
+    from ..data.images import ImageError, decode_crop
+    from ..data.stream import open_images
+
+    images = open_images(data)
+    if images.npy or not images.files:
+        return  # read and judged by the run itself
+    for f in images.files:
+        try:
+            decode_crop(f, manifest.preprocess)
+            return
+        except ImageError as e:
+            images.skipped.add_error(e)
+    raise images.skipped.nothing_usable(len(images.files), images.source)
 
 
 def discover(folder: ModelFolder, model, threads: int, gpu: bool,

@@ -192,7 +192,7 @@ def bench_command(target, spec, opts, endpoint, no_prepare, files, log):
     sizes = spec.bench_sizes if target is not None or len(spec.bench_sizes) > 1 else ()
     opts = BenchOptions(**opts, img_sizes=sizes or None, endpoints=EndpointOptions(**endpoint))
     folder = prepare_bench(target, spec, prepare=not no_prepare, sizes=opts.img_sizes, judge_output=opts.judge_output,
-                           log=log)
+                           data=opts.data, log=log)
     report = run_bench(folder, opts, log)
     print_table(report)
     try:
