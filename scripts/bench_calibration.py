@@ -152,8 +152,8 @@ def main() -> None:
                   + (f" (median of {len(ratios[n])}: {each})" if len(ratios[n]) > 1 else ""))
         for tool in ("vitexport", "modelopt"):
             mine = [(n, r) for t, _, n, r in rows if t == tool]
-            if len(mine) >= 2:
-                (n0, r0), (n1, r1) = mine[0], mine[-1]
+            (n0, r0), (n1, r1) = (mine[0], mine[-1]) if mine else ((0, None), (0, None))
+            if n1 != n0:
                 print(f"{tool}: {(r1['wall_s'] - r0['wall_s']) / (n1 - n0):.2f} s per extra image, peak RSS "
                       f"{r0['peak_rss_gb']:.2f} -> {r1['peak_rss_gb']:.2f} GB")
     finally:
