@@ -9,7 +9,23 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+def _pin_worker() -> None:
+    """xdist worker N of W runs on the N-th of W equal shares of this process's cores, and so do the threads and
+    processes it starts: every runtime sizes its pool to the cores it may use (environment.usable_cores), so two
+    workers on 2 cores never run four threads, two of them ONNX Runtime spinners (that cost a quarter of the time)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (hasattr(os, "sched_setaffinity") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // int(count)
+    if share:
+        n = int(worker[2:]) % int(count)
+        os.sched_setaffinity(0, set(cores[n * share:(n + 1) * share]))
+
+
+_pin_worker()
+torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)))
 
 GB_PER_WORKER = 4  # the largest tests (ViT-B/16 exports, benches) peak at about 3.6 GB each
 

@@ -30,6 +30,13 @@ def versions(with_python: bool = False, with_tensorrt: bool = False) -> dict[str
     return out
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, as set by taskset or a container's cpuset), which may be fewer
+    than the machine's: the default thread count of every runtime vitexport starts, so that a process pinned to one
+    core does not run two spinning ONNX Runtime threads on it (PyTorch and OpenVINO follow the affinity already)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def tensorrt_version() -> str | None:
     """The installed TensorRT's version string ('10.13.0.35'), or None when it cannot be imported."""
     try:

@@ -6,7 +6,6 @@ on the whole data set against PyTorch FP32 eager; latency on batches drawn from 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
@@ -20,7 +19,7 @@ from ..artifacts.verify import MISSING, FileCheck, check_folder
 from ..artifacts.workspace import reading
 from ..backends.base import Runner
 from ..ensure import ensure_artifact, open_model
-from ..environment import cuda_gpu, environment
+from ..environment import cuda_gpu, environment, usable_cores
 from ..errors import BackendUnavailable, ParityError, VitexportError
 from ..model.labels import class_names
 from ..model.spec import ModelSpec
@@ -300,7 +299,7 @@ def run_bench(model_dir: ModelFolder | Path, opts: BenchOptions, log: Log = QUIE
     t_start = time.perf_counter()
     folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
     manifest = folder.read_manifest()
-    threads = opts.threads or os.cpu_count() or 1
+    threads = opts.threads or usable_cores()
     torch.set_num_threads(threads)
     gpu = cuda_gpu() is not None
     batches = opts.batches or ((1, 8, 32) if gpu else (1, 8))
