@@ -15,7 +15,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+if sys.argv[1] == "one":
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+else:  # every core of the machine (a pinned test worker's child inherits one)
+    try:
+        os.sched_setaffinity(0, set(range(os.cpu_count())))
+    except OSError:  # a cpuset narrower than the machine: nothing to show here
+        print("cpuset"); sys.exit(0)
 from vitexport.backends.ort_session import create_session
 from vitexport.data.stream import default_workers
 from vitexport.environment import usable_cores
@@ -36,8 +42,20 @@ print(usable_cores(), default_workers(), sess.get_session_options().intra_op_num
 def test_a_process_on_one_core_runs_one_onnx_runtime_thread_unless_told_more():
     """ONNX Runtime sizes its pool by the machine's physical cores when left to choose (0); vitexport tells it the
     process's own, and an explicit thread count (--threads) still wins."""
-    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", CHILD, "one"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     cores, workers, default, told = map(int, r.stdout.split())
     assert (cores, workers) == (1, 2)  # one core; decoding keeps one thread more than the cores
     assert (default, told) == (1, 2)
+
+
+def test_a_process_free_to_use_every_core_leaves_the_count_to_onnx_runtime():
+    """On the whole machine ONNX Runtime keeps its own choice (0: its physical cores, fewer than the logical ones
+    where the CPU has SMT); decoding still uses every core."""
+    r = subprocess.run([sys.executable, "-c", CHILD, "all"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    if r.stdout.strip() == "cpuset":
+        pytest.skip("this process's cpuset is narrower than the machine")
+    cores, workers, default, told = map(int, r.stdout.split())
+    assert cores == os.cpu_count() and workers == min(8, cores + 1)
+    assert (default, told) == (0, 2)

@@ -37,6 +37,14 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def ort_threads() -> int:
+    """ONNX Runtime's intra-op thread count when none is asked for: the usable cores when the process may use fewer
+    than the machine has (ONNX Runtime would size its pool by the machine's physical cores), else 0, its own choice
+    (the physical cores: on a machine with SMT, fewer than the logical ones)."""
+    cores = usable_cores()
+    return cores if cores < (os.cpu_count() or cores) else 0
+
+
 def tensorrt_version() -> str | None:
     """The installed TensorRT's version string ('10.13.0.35'), or None when it cannot be imported."""
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..environment import usable_cores
+from ..environment import ort_threads
 from ..errors import VitexportError, first_line
 
 
@@ -73,7 +73,7 @@ def create_session(path: Path | str | bytes, providers: list[str] | None = None,
     if values:
         so.add_external_initializers(list(weights or {}), values)
     so.log_severity_level = 3
-    so.intra_op_num_threads = threads or usable_cores()
+    so.intra_op_num_threads = threads or ort_threads()
     if external_folder is not None:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", os.fspath(external_folder))
     so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimize == "basic"
