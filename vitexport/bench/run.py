@@ -53,8 +53,10 @@ class BenchOptions:
     iterations: int | None = None  # at least this many timed runs per backend and batch (None: latency.MIN_RUNS,
     # then until the median is stable or latency.DEFAULT_RUNS) ...
     min_time: float = 1.0  # ... and at least this many seconds
-    warmup: int = 2
-    threads: int | None = None  # default: all cores
+    # untimed runs at each batch size before its timed ones: the parity pass has run the runner already, so one
+    # run makes what is particular to the batch's shape (allocations, primitives); a second one changed nothing
+    warmup: int = 1
+    threads: int | None = None  # default: every core this process may use
     backends: tuple[str, ...] = ()  # substrings of runner names to keep; empty: all
     thresholds: dict[str, Thresholds] = field(default_factory=dict)  # per-precision overrides
     strict: bool = False

@@ -83,9 +83,11 @@ BENCH = OptionGroup(
                  "2 % or 10 runs (the runs are reported)."),
         opt("--min-time", type=click.FloatRange(min=0), default=1.0, show_default=True,
             help="Seconds of timed runs, at least."),
-        opt("--warmup", type=click.IntRange(min=0), default=2, show_default=True),
+        opt("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+            help="Untimed runs at each batch size before timing it (after the parity pass has run the backend)."),
         opt("--threads", type=click.IntRange(min=1), default=None,
-            help="CPU threads for PyTorch, ONNX Runtime and OpenVINO. Default: all cores."),
+            help="CPU threads for PyTorch, ONNX Runtime and OpenVINO. Default: every core this process may use "
+                 "(its affinity: taskset, a container's cpuset)."),
         opt("--backend", "backends", multiple=True,
             help="Only backends whose name contains this (repeatable), e.g. 'onnxruntime', 'int8'."),
         opt("--threshold", "thresholds", multiple=True, metavar="PREC.FIELD=VALUE", callback=_thresholds,
