@@ -346,10 +346,23 @@ def test_entropy_and_percentile_ranges_in_value_units():
 
 
 def test_the_nan_sentence_word_for_word():
-    for collector in (_Collector("percentile", 99.0), _Collector("minmax", 99.0)):
+    from vitexport.precision.calibrate import ChannelMax
+
+    for collector in (_Collector("percentile", 99.0), _Collector("minmax", 99.0), ChannelMax()):
         with pytest.raises(VitexportError) as e:
-            collector.update(np.array([1.0, np.nan], np.float32))
+            collector.update(np.array([[1.0, np.nan]], np.float32))
         assert str(e.value) == "Calibration saw NaN or Inf activations; check the calibration inputs."
+
+
+def test_per_channel_maxima_that_saw_nothing_are_none_and_ignore_empty_batches():
+    from vitexport.precision.calibrate import ChannelMax
+
+    c = ChannelMax()
+    assert c.result() == []
+    c.update(np.zeros((0, 3), np.float32))
+    assert c.result() == []
+    c.update(np.array([[[1.0, -5.0, 0.5]], [[-2.0, 1.0, 0.25]]], np.float32))
+    assert c.result() == [2.0, 5.0, 0.5]
 
 
 def test_calibrate_reports_its_own_duration_and_takes_small_percentiles(tmp_path, monkeypatch):
@@ -458,7 +471,8 @@ def test_calibrate_reads_external_weights_from_the_models_folder(tmp_path):
 
 
 @pytest.mark.parametrize("budget,largest,want", [(10**9, 8, 8), (2 * 6 * 300 * 4 * 2, 8, 2),
-                                                 (6 * 300 * 4 * 2, 8, 1), (5 * 6 * 300 * 4 * 2, 3, 3), (1, 8, 1)])
+                                                 (6 * 300 * 4 * 2, 8, 1), (5 * 6 * 300 * 4 * 2, 3, 3), (1, 8, 1),
+                                                 (5 * 6 * 300 * 4 - 1, 8, 2)])  # 2.5 images: 2
 def test_the_calibration_batch_keeps_two_tensors_of_a_batch_within_the_budget(tmp_path, budget, largest, want):
     """h and y: 6 x 300 float32 each an image (14,400 bytes for both): a batch is as many images as fit."""
     import onnx
@@ -466,7 +480,8 @@ def test_the_calibration_batch_keeps_two_tensors_of_a_batch_within_the_budget(tm
     from vitexport.precision.calibrate import calibration_batch
 
     path, _ = _wide_graph(tmp_path)
-    assert calibration_batch(path, ["h", "y"], largest, budget) == want
+    got = calibration_batch(path, ["h", "y"], largest, budget)
+    assert got == want and type(got) is int
     model = onnx.load(str(path))
     path.unlink()  # the model handed over is the one read
     assert calibration_batch(path, ["h", "y"], largest, budget, model=model) == want

@@ -147,6 +147,7 @@ def test_a_converted_file_of_an_earlier_export_is_stale(folder):
     for kind in ("fp16", "int8", "openvino-fp32"):
         c = check_onnx(mf, kind, manifest)
         assert (c.status, c.reason, c.problem) == (STALE, "was made from an earlier model.onnx", True), kind
+        assert (c.kind, c.path, c.sha256) == (kind, mf.onnx(kind), _sha(mf.onnx(kind).read_bytes())), kind
         assert c.sentence().endswith(f"; make it again with `{ARTIFACTS[kind].made_by}`.")
 
 
