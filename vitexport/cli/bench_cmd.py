@@ -79,8 +79,8 @@ BENCH = OptionGroup(
         opt("--batch", "batches", type=click.IntRange(min=1), multiple=True,
             help="Batch sizes (repeatable). Default: 1, 8 (GPU: 1, 8, 32)."),
         opt("--iterations", type=click.IntRange(min=1), default=None,
-            help="Timed runs per backend and batch, at least. Default: 5, then until the median moves less than "
-                 "2 % or 10 runs (the runs are reported)."),
+            help="Timed runs per backend and batch, at least. Default: 5 (or 4 s of runs, 3 runs at least), then "
+                 "until the median moves less than 2 % or 10 runs (the runs are reported)."),
         opt("--min-time", type=click.FloatRange(min=0), default=1.0, show_default=True,
             help="Seconds of timed runs, at least."),
         opt("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
