@@ -11,12 +11,13 @@ import numpy as np
 from ..backends.base import Runner
 
 MAX_RUNS = 10_000  # a very fast backend stops here even if min_time is not reached
-# without --iterations: at least MIN_RUNS timed runs or MIN_TIMED_S seconds of them (a slow configuration: 3 runs
-# at least), then stop once the median is stable (the median of every run and that of all but the last two within
+# without --iterations: at least MIN_RUNS timed runs, or MIN_TIMED_S seconds of them that agree within TIGHT (a
+# slow configuration: 3 runs at least), then stop once the median is stable (the median of every run and that of all but the last two within
 # STABLE of each other), at DEFAULT_RUNS at most once min_time is reached. A ViT-B/16 batch of 8 takes 1.6-2.2 s a
 # run on 2 cores: ten runs of each of eight rows were two minutes of the first run, five runs still one.
 MIN_RUNS = 5
 MIN_TIMED_S = 4.0
+TIGHT = 0.05  # ... and stopping before MIN_RUNS runs takes every run within 5 % of their median, too
 DEFAULT_RUNS = 10
 STABLE = 0.02
 
@@ -84,12 +85,17 @@ def median_stable(ms: list[float], within: float = STABLE) -> bool:
 
 def enough(ms: list[float], iterations: int | None, elapsed: float, min_time: float) -> bool:
     """Whether timing can stop: `iterations` runs and `min_time` seconds; without `iterations`, min_time and MIN_RUNS
-    runs or MIN_TIMED_S seconds of them, then a stable median (median_stable: 3 runs at least) or DEFAULT_RUNS runs."""
+    runs, then a stable median (median_stable) or DEFAULT_RUNS runs; a slow configuration may stop after
+    MIN_TIMED_S seconds of runs (3 at least: median_stable) when every run is within TIGHT of their median."""
     if elapsed < min_time:
         return len(ms) >= MAX_RUNS
     if iterations is not None:
         return len(ms) >= iterations
-    return len(ms) >= DEFAULT_RUNS or ((len(ms) >= MIN_RUNS or elapsed >= MIN_TIMED_S) and median_stable(ms))
+    if len(ms) >= DEFAULT_RUNS:
+        return True
+    if not median_stable(ms):
+        return False
+    return len(ms) >= MIN_RUNS or (elapsed >= MIN_TIMED_S and max(ms) - min(ms) <= TIGHT * statistics.median(ms))
 
 
 def measure_latency(runner: Runner, x: np.ndarray, iterations: int | None, min_time: float, warmup: int) -> Latency:
