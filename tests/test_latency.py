@@ -83,6 +83,7 @@ def test_a_slow_configuration_stops_after_its_time_once_the_median_is_stable():
     t = latency.MIN_TIMED_S
     assert enough([1500.0] * 3, None, t, 1.0) and enough([1500.0, 1575.0, 1500.0], None, t + 0.6, 1.0)
     assert not enough([1330.0] * 3, None, t + 10, 1.0)  # 3.99 s of runs, however long the loop took
+    assert enough([1333.0, 1334.0, 1333.0], None, t, 0.0) and not enough([1333.0, 1333.0, 1333.0], None, t, 0.0)
     assert not enough([1600.0, 1500.0, 1500.0], None, t + 0.6, 1.0)  # 1500 against the first run's 1600
     assert not enough([1500.0, 1576.0, 1500.0], None, t + 0.6, 1.0)  # stable median, runs 5.07 % apart
     assert not enough([1500.0, 2000.0, 1500.0, 1500.0], None, t + 3, 1.0)  # a third apart: on to MIN_RUNS
