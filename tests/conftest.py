@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitexport.environment import usable_cores
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,7 +27,7 @@ def _pin_worker() -> None:
 
 
 _pin_worker()
-torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)))
+torch.set_num_threads(max(1, min(2, usable_cores())))
 
 GB_PER_WORKER = 4  # the largest tests (ViT-B/16 exports, benches) peak at about 3.6 GB each
 
@@ -33,7 +35,7 @@ GB_PER_WORKER = 4  # the largest tests (ViT-B/16 exports, benches) peak at about
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject's addopts): one worker per core this process may use, at most 8, and no more than the
     free memory holds at GB_PER_WORKER each (at least one)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     try:
         free_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                        if line.startswith("MemAvailable:"))

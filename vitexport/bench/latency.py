@@ -12,9 +12,10 @@ from ..backends.base import Runner
 
 MAX_RUNS = 10_000  # a very fast backend stops here even if min_time is not reached
 # without --iterations: at least MIN_RUNS timed runs, or MIN_TIMED_S seconds of them that agree within TIGHT (a
-# slow configuration: 3 runs at least), then stop once the median is stable (the median of every run and that of all but the last two within
-# STABLE of each other), at DEFAULT_RUNS at most once min_time is reached. A ViT-B/16 batch of 8 takes 1.6-2.2 s a
-# run on 2 cores: ten runs of each of eight rows were two minutes of the first run, five runs still one.
+# slow configuration: 3 runs at least), then stop once the median is stable (the median of every run and that of
+# all but the last two within STABLE of each other), at DEFAULT_RUNS at most once min_time is reached. A ViT-B/16
+# batch of 8 takes 1.6-2.2 s a run on 2 cores: ten runs of each of eight rows were two minutes of the first run,
+# five runs still one.
 MIN_RUNS = 5
 MIN_TIMED_S = 4.0
 TIGHT = 0.05  # ... and stopping before MIN_RUNS runs takes every run within 5 % of their median, too
