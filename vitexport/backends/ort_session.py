@@ -25,16 +25,26 @@ LIFTED = "vitexport-in-memory"  # the external-data location of weights handed t
 def split_weights(model, min_bytes: int = 1024, outputs=()) -> tuple[bytes, dict]:
     """(a copy of the graph serialized without its inline weights, {initializer: array}) for create_session(bytes,
     weights=): a graph rewritten in memory (calibration's, with more outputs) is then not serialized with its
-    weights and parsed back (ViT-B/16: 2.0 s -> 1.0 s to a session). In the copy, the inline initializers of at
-    least min_bytes are stubs marked external (LIFTED), their bytes copied into the arrays, and `outputs`
-    (ValueInfoProtos) follow the graph's own. The model is not changed: another step can use it after the session."""
+    weights and parsed back (ViT-B/16: 2.0 s -> 1.0 s to a session). `outputs` (ValueInfoProtos) follow the graph's
+    own in the copy (lifted). The model is not changed: another step can use it after the session."""
+    light, weights = lifted(model, min_bytes)
+    light.graph.output.extend(outputs)
+    return light.SerializeToString(), weights
+
+
+def lifted(model, min_bytes: int = 1024) -> tuple:
+    """(a copy of the model whose inline initializers of at least min_bytes (of numpy's own types) are stubs marked
+    external (LIFTED),
+    {initializer: array of its bytes}): a graph to rewrite and serialize without its weights, for
+    create_session(bytes, weights=). The model is not changed."""
     import numpy as np
     from onnx import GraphProto, ModelProto, TensorProto, helper
 
     weights, inits = {}, []
     for t in model.graph.initializer:
-        if t.data_location != TensorProto.EXTERNAL and len(t.raw_data) >= min_bytes:
-            dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+        # ONNX Runtime takes numpy's own types as arrays; FP8, INT4 and bfloat16 (ml_dtypes') stay in the graph
+        if t.data_location != TensorProto.EXTERNAL and len(t.raw_data) >= min_bytes and \
+                (dtype := np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))).kind in "biuf":
             weights[t.name] = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
             t = TensorProto(name=t.name, data_type=t.data_type, dims=t.dims, data_location=TensorProto.EXTERNAL)
             t.external_data.add(key="location", value=LIFTED)
@@ -42,8 +52,7 @@ def split_weights(model, min_bytes: int = 1024, outputs=()) -> tuple[bytes, dict
     light = _copy_but(model, "graph", ModelProto())
     light.graph.CopyFrom(_copy_but(model.graph, "initializer", GraphProto()))
     light.graph.initializer.extend(inits)
-    light.graph.output.extend(outputs)
-    return light.SerializeToString(), weights
+    return light, weights
 
 
 def _copy_but(message, skip: str, out):

@@ -43,27 +43,25 @@ def computes_fp16(model) -> bool:
             for n in model.graph.node)
 
 
-def to_fp16(fp32_model, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, source: Path | None = None,
+def to_fp16(fp32_model, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, types: list | None = None,
             keep_nodes: tuple[str, ...] = ()):
     """A ModelProto in mixed FP16 (converted in place and returned): FP32 inputs/outputs, `keep_fp32` op types and
     the nodes named in `keep_nodes` (ranges.fp32_nodes) computed in FP32 with Casts at their boundaries, the rest in
     FP16; sorted, deduplicated and re-inferred so onnx.checker accepts it.
 
     The converter needs every tensor's type. It infers them on the whole model, which protobuf cannot serialize past
-    2 GB; given the file the model was loaded from (`source`), the types are inferred on its graph alone (weights
-    left on disk, their shapes known) and the converter is told not to infer again."""
-    import onnx
+    2 GB (and serializes 346 MB twice for a ViT-B/16); given the FP32 graph's types (`types`: `inferred_types` of
+    the graph the model was read from, its weights left out), the converter is told not to infer again."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    if source is not None:
-        typed = onnx.shape_inference.infer_shapes(onnx.load(str(source), load_external_data=False))
+    if types is not None:
         del fp32_model.graph.value_info[:]
-        fp32_model.graph.value_info.extend(typed.graph.value_info)
+        fp32_model.graph.value_info.extend(types)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.getLogger("onnxruntime.transformers.float16").setLevel(logging.ERROR)
         model = convert_float_to_float16(fp32_model, keep_io_types=True, op_block_list=list(keep_fp32),
-                                         node_block_list=list(keep_nodes), disable_shape_infer=source is not None)
+                                         node_block_list=list(keep_nodes), disable_shape_infer=types is not None)
     dedupe_casts(model.graph)
     drop_round_trips(model.graph)
     topological_sort(model.graph)
@@ -108,11 +106,11 @@ def load_weights(path: Path, skip: frozenset[str] = frozenset(), fp16: bool = Fa
     return model
 
 
-def with_inferred_types(model):
-    """The model with its value_info inferred afresh (in place, and returned), from a copy of the graph whose large
-    tensors carry their dims but not their data: the same types and shapes, without protobuf serializing the
-    weights for the inference (a copy each way, and a 2 GB cap). Small tensors (shapes, axes) keep their data,
-    which shape inference reads."""
+def inferred_types(model) -> list:
+    """The value_info of `model` inferred afresh from a copy of its graph whose large tensors carry their dims but
+    not their data: the same types and shapes, without protobuf serializing the weights for the inference (a copy
+    each way, 1.5 s for a ViT-B/16, and a 2 GB cap). Small tensors (shapes, axes) keep their data, which shape
+    inference reads. `model` is not changed."""
     import onnx
 
     def light(t):
@@ -127,22 +125,32 @@ def with_inferred_types(model):
     copy = onnx.helper.make_graph(graph.node, graph.name, graph.input, graph.output,
                                   [light(t) for t in graph.initializer])
     skeleton = onnx.helper.make_model(copy, opset_imports=model.opset_import, ir_version=model.ir_version)
-    typed = onnx.shape_inference.infer_shapes(skeleton)
-    del graph.value_info[:]
-    graph.value_info.extend(typed.graph.value_info)
+    return list(onnx.shape_inference.infer_shapes(skeleton).graph.value_info)
+
+
+def with_inferred_types(model):
+    """The model with its value_info inferred afresh (in place, and returned): inferred_types."""
+    typed = inferred_types(model)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(typed)
     return model
 
 
 def convert_fp16(src: Path, dst: Path, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32,
                  keep_nodes: tuple[str, ...] = ()) -> None:
-    """Mixed FP16 with FP32 inputs/outputs; ops in keep_fp32 and the nodes in keep_nodes stay FP32."""
-    import onnx
+    """Mixed FP16 with FP32 inputs/outputs; ops in keep_fp32 and the nodes in keep_nodes stay FP32. The graph at src
+    is read once (graphs.take_graph: the shared parse, inside sharing()) and converted in place."""
+    from .graphs import read_graph, take_graph
 
+    src = Path(src)
+    graph = read_graph(src)
+    types = inferred_types(graph)  # from the FP32 graph, before it is taken and converted
     # no op type kept in FP32 (the TensorRT-shaped graph): the weights become FP16 as they are read, but those of
     # the nodes kept in FP32
-    model = load_weights(Path(src), fp16=True, float32=fp32_weights(Path(src), keep_nodes)) if not keep_fp32 \
-        else onnx.load(str(src))
-    save_checked(to_fp16(model, tuple(keep_fp32), Path(src), tuple(keep_nodes)), dst, "FP16")
+    float32 = fp32_weights(src, keep_nodes, graph.graph) if not keep_fp32 else frozenset()
+    del graph
+    model = load_weights(src, fp16=not keep_fp32, float32=float32, model=take_graph(src))
+    save_checked(to_fp16(model, tuple(keep_fp32), types, tuple(keep_nodes)), dst, "FP16")
 
 
 def fp32_weights(src: Path, keep_nodes: tuple[str, ...], graph=None) -> frozenset[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -88,7 +87,7 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
     """Make the FP16 or INT8 ONNX of an exported model now, check it, record it; ParityError (exit 1) on a miss."""
     opts = opts or CalibOptions()
     folder = model_dir if isinstance(model_dir, ModelFolder) else ModelFolder(model_dir)
-    with sharing() if precision in QDQ_KINDS else nullcontext():  # FP16 reads its graph its own way
+    with sharing():  # model.onnx parsed once for the steps that read it (graphs)
         fp32, fp32_sha, manifest = _fp32_source(folder, precision)
         out_path = folder.onnx(precision)
         record = PrecisionRecord(file=out_path.name, source_sha256=fp32_sha)

@@ -27,8 +27,9 @@ import numpy as np
 from ..artifacts.folder import CPU_INT8_WEIGHT_MAX
 from ..errors import VitexportError, first_line
 from ..tensorrt_engine.fusion import LINEAR_OPS, constant_names
-from .convert import fp32_weights, load_weights, save_checked, to_fp16, topological_sort, with_inferred_types
-from .graphs import take_graph
+from .convert import (fp32_weights, inferred_types, load_weights, save_checked, to_fp16, topological_sort,
+                      with_inferred_types)
+from .graphs import read_graph, take_graph
 
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
 # FP8: from 21 on, Reshape/Squeeze/Transpose take FP8 tensors, which ONNX Runtime's Q/DQ propagation makes when it
@@ -209,11 +210,12 @@ def qdq_sources(fp32_path: Path, selection: GemmSelection, fp16: bool, scale_dty
     are never all in memory, whatever the model's size (external data included). keep_float: the quantized
     weights' float form is loaded too."""
     fp32_path = Path(fp32_path)
+    types = inferred_types(read_graph(fp32_path)) if fp16 else None  # the converter's, before the graph is taken
     model = take_graph(fp32_path)  # one parse: the weights are quantized from it, then it becomes the remainder
     gemms = float_gemms(model, selection, scale_dtype, weight_max, fmt, fp32_path.parent)
     model = load_weights(fp32_path, frozenset() if keep_float else gemms.replaced, fp16,
                          fp32_weights(fp32_path, keep_nodes, model.graph) if fp16 else frozenset(), model=model)
-    return gemms, (to_fp16(model, keep_fp32=(), source=fp32_path, keep_nodes=keep_nodes) if fp16 else model)
+    return gemms, (to_fp16(model, keep_fp32=(), types=types, keep_nodes=keep_nodes) if fp16 else model)
 
 
 def insert_qdq(fp32_model, model16, selection: GemmSelection, amax: dict[str, float], scale_dtype=np.float16,

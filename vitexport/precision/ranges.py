@@ -36,17 +36,20 @@ _REDUCED = ("__vx_max", "__vx_min")  # suffixes of the two scalar outputs added 
 RANGES_FORMAT = "vitexport-ranges/1"  # the calibration cache's file of tensor maxima
 
 
-def reduced_model_bytes(model_path: Path, elem_types: tuple[int, ...] | None = None) -> tuple[bytes, list[str]]:
-    """The model with two scalar outputs per float tensor (its largest and smallest value), serialized; and those
-    tensors' names.
-    The graph's own outputs stay first. Weights in external data stay there (the session reads them from the
-    model's folder). elem_types: the tensor types observed (default FP32; an FP16 graph's: FP16 and FP32)."""
+def reduced_model(model, elem_types: tuple[int, ...] | None = None) -> tuple[bytes, dict, list[str]]:
+    """A copy of `model` with two scalar outputs per float tensor (its largest and smallest value), serialized
+    without its inline weights; those weights ({name: array}, for create_session's `weights`); and the tensors'
+    names. The graph's own outputs stay first; weights in external data stay there (the session reads them from the
+    model's folder). `model` is not changed. elem_types: the tensor types observed (default FP32; an FP16 graph's:
+    FP16 and FP32)."""
     import onnx
     from onnx import helper
 
+    from ..backends.ort_session import lifted
     from .convert import with_inferred_types
 
-    model = with_inferred_types(onnx.load(str(model_path), load_external_data=False))
+    model, weights = lifted(model)
+    model = with_inferred_types(model)
     graph = model.graph
     wanted = elem_types or (onnx.TensorProto.FLOAT,)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.value_info, *graph.input, *graph.output)}
@@ -68,16 +71,26 @@ def reduced_model_bytes(model_path: Path, elem_types: tuple[int, ...] | None = N
         ordered += [r for o in node.output if o in wanted_names for r in reductions.pop(o, [])]
     del graph.node[:]
     graph.node.extend(ordered)
-    return model.SerializeToString(), names
+    return model.SerializeToString(), weights, names
+
+
+def _reduced_session(model_path: Path, elem_types: tuple[int, ...] | None = None, threads: int | None = None,
+                     optimize: str = "all"):
+    """(a session on reduced_model of the graph at model_path, the tensors it reduces): the graph read once
+    (graphs.read_graph: the run's shared parse, inside sharing()), its weights handed over as arrays."""
+    from ..backends.ort_session import create_session
+    from .graphs import read_graph
+
+    data, weights, names = reduced_model(read_graph(Path(model_path)), elem_types)
+    sess = create_session(data, threads=threads, external_folder=Path(model_path).parent, optimize=optimize,
+                          weights=weights)
+    return sess, names
 
 
 def tensor_maxima(model_path: Path, batches: Iterable[np.ndarray], input_name: str, threads: int | None = None,
                   tick: Callable[[int], None] | None = None) -> tuple[dict[str, float], int]:
     """({float tensor: largest |x| over the batches}, inputs seen), one ONNX Runtime pass; memory: one batch."""
-    from ..backends.ort_session import create_session
-
-    data, names = reduced_model_bytes(Path(model_path))
-    sess = create_session(data, threads=threads, external_folder=Path(model_path).parent)
+    sess, names = _reduced_session(Path(model_path), threads=threads)
     top = np.zeros(len(names), np.float64)
     n = 0
     for x in batches:
@@ -117,12 +130,12 @@ class Kept:
         return {"node": self.node, "op": self.op, "tensor": self.tensor, "max": self.max}
 
 
-def weight_maxima(model_path: Path) -> dict[str, float]:
-    """The largest |w| of each float initializer (read one at a time)."""
+def weight_maxima(model_path: Path, model=None) -> dict[str, float]:
+    """The largest |w| of each float initializer (read one at a time); `model`: the graph at model_path, read."""
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(model_path), load_external_data=False)
+    model = model if model is not None else onnx.load(str(model_path), load_external_data=False)
     base = str(Path(model_path).parent)
     return {t.name: float(np.abs(numpy_helper.to_array(t, base_dir=base)).max(initial=0.0))
             for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
@@ -185,20 +198,20 @@ def first_non_finite(model_path: Path, batches: Iterable[np.ndarray], input_name
     through the graph at model_path (an FP16 or mixed graph); None when every tensor stays finite."""
     import onnx
 
-    from ..backends.ort_session import create_session
+    from .graphs import read_graph
 
-    data, names = reduced_model_bytes(Path(model_path), (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16))
     # every tensor is a graph output, so it is stored in its declared type (ONNX Runtime's CPU provider would
     # otherwise compute a chain of FP16 ops in FP32 and never overflow where TensorRT does); basic optimizations
     # run an FP8 graph as it is written (optimization_for)
-    sess = create_session(data, external_folder=Path(model_path).parent, optimize="basic")
+    sess, names = _reduced_session(Path(model_path), (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16),
+                                   optimize="basic")
     for x in batches:
         bad = {t for t, v in zip(names, _abs_max(sess, names, input_name, x)) if not np.isfinite(v)}
         if bad:
             break
     else:
         return None
-    graph = onnx.load(str(model_path), load_external_data=False).graph
+    graph = read_graph(Path(model_path)).graph
     producer = {o: n for n in graph.node for o in n.output}
     for node in graph.node:
         for o in node.output:
@@ -214,9 +227,8 @@ def measured_keep(fp32: Path, fp32_sha: str, manifest, opts, cache_for: Callable
     """The nodes an FP16 graph of model.onnx keeps in FP32 (fp32_nodes), from the tensors' ranges on the calibration
     images (measured once, then read from the calibration cache), plus the nodes the user names (`extra`); the
     summary line is printed when any is kept."""
-    import onnx
-
     from ..paths import default_calib_dir
+    from .graphs import read_graph
     from .int8 import CALIB_BATCH, calibration_key, calibration_set
 
     root = Path(opts.data) if opts.data else default_calib_dir(manifest.variant)
@@ -229,8 +241,9 @@ def measured_keep(fp32: Path, fp32_sha: str, manifest, opts, cache_for: Callable
                 maxima, n = tensor_maxima(fp32, data.batches(manifest.preprocess, CALIB_BATCH), manifest.input_name,
                                           tick=tick)
         _write_maxima(cache, maxima, n)
-    graph = onnx.load(str(fp32), load_external_data=False).graph
-    kept = fp32_nodes(graph, maxima, weight_maxima(fp32))
+    model = read_graph(fp32)
+    graph = model.graph
+    kept = fp32_nodes(graph, maxima, weight_maxima(fp32, model))
     names = {k.node for k in kept}
     ops = {n.name: n.op_type for n in graph.node}
     unknown = [e for e in extra if e not in ops]
