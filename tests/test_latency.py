@@ -153,3 +153,33 @@ def test_takes_batch_notes_and_says_a_batch_outside_the_engines_range():
 def test_latency_keeps_what_it_is_given():
     lat = Latency(8, 10, 2.0, 2.0, 3.0, 4.0, 4000.0)
     assert (lat.concurrency, lat.stable, lat.requests) == (None, None, None)
+
+
+def test_a_configuration_stops_at_its_time_budget_even_if_the_median_still_moves():
+    """Runs 2-3 s apart by half their size: the median never settles, and after BUDGET_S seconds of runs (3 at
+    least, counted by their own times) timing stops anyway; before it, or with two runs, it goes on."""
+    budget = latency.BUDGET_S * 1e3
+    assert enough([2000.0, 3000.0, 3000.0], None, 100.0, 0.0)  # 8.0 s exactly
+    assert not enough([2000.0, 3000.0, 2999.0], None, 100.0, 0.0)  # 7.999 s, median 2999 against 2000: unsettled
+    assert not median_stable([2000.0, 3000.0, 2600.0, 1500.0])
+    assert enough([2000.0, 3000.0, 2600.0, 1500.0], None, 100.0, 0.0)
+    assert not enough([budget, budget], None, 100.0, 0.0)  # two runs, however long
+    assert not enough([2000.0, 2200.0, 2000.0], None, 100.0, 0.0)  # 6.2 s, a stable median, runs 10 % apart
+    assert enough([2000.0, 2050.0, 2000.0], None, 100.0, 0.0)  # within 5 %: 4 s of them are enough, as before
+    assert not enough([1000.0, 1500.0, 1000.0, 1500.0, 3000.0], 8, 100.0, 0.0)  # --iterations 8: no budget
+
+
+@pytest.mark.parametrize("times, runs, settled", [
+    ([2000.0, 3000.0, 2600.0, 1500.0, 9.0], 4, False),  # cut by the budget, the median still moving
+    ([2000.0, 2000.0, 2200.0, 2000.0, 9.0], 4, True),  # 8.2 s: the budget, the median settled (three runs 10 %
+    # apart do not stop after 4 s)
+    ([100.0 + 10 * i for i in range(10)] + [9.0], 10, False),  # ten runs, each pair moving the median by 5-8 %
+    ([10.0, 11.0, 10.0, 11.0, 10.0, 9.0], 5, True),
+])
+def test_a_timing_says_whether_its_median_had_settled(times, runs, settled):
+    lat = measure_latency(_Scripted(times), np.zeros((8, 3, 8, 8), np.float32), iterations=None, min_time=0.0,
+                          warmup=0)
+    assert lat.iterations == runs and lat.stable is settled
+    fixed = measure_latency(_Scripted(times), np.zeros((8, 3, 8, 8), np.float32), iterations=3, min_time=0.0,
+                            warmup=0)
+    assert fixed.iterations == 3 and fixed.stable is None  # a count asked for: not judged

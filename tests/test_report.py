@@ -53,3 +53,26 @@ def test_an_untimed_row_prints_no_speed_ratio(capsys):
     assert "3.45x" in timed_line and "x" not in untimed_line.split("│")[7]
     md_row = next(line for line in to_markdown(report).splitlines() if line.startswith("| onnxruntime cpu int8-trt"))
     assert md_row.split("|")[8].strip() == ""
+
+
+def test_timings_whose_median_had_not_settled_are_named_with_their_runs(capsys):
+    from rich.console import Console
+
+    settled = Latency(1, 5, 10.0, 9.0, 11.0, 12.0, 100.0, stable=True)
+    cut = Latency(8, 4, 2000.0, 1990.0, 2100.0, 2200.0, 4.0, stable=False)
+    asked = Latency(8, 3, 2000.0, 1990.0, 2100.0, 2200.0, 4.0)  # --iterations: not judged
+    served = Latency(8, 200, 50.0, 49.0, 60.0, 70.0, 160.0, concurrency=4, stable=False, windows=10, p95_ms=65.0,
+                     requests=200)  # said with its windows, not here
+    rows = [BackendResult("onnxruntime cpu fp32", "onnxruntime", "fp32", "cpu", "", True, latency=[settled, cut]),
+            BackendResult("openvino cpu fp32", "openvino", "fp32", "cpu", "", True, latency=[asked]),
+            BackendResult("triton http fp32", "triton", "fp32", "http", "", True, latency=[served])]
+    report = _report(rows)
+    print_table(report, Console(width=400, force_terminal=False))
+    line = next(x for x in capsys.readouterr().out.splitlines() if "settled" in x)
+    assert line.strip().startswith("Timing stopped before the median settled")
+    assert "onnxruntime cpu fp32 batch 8 (4 runs)" in line and "batch 1" not in line
+    assert "openvino" not in line and "triton" not in line
+    assert "- Timing stopped before the median settled" in to_markdown(report)
+    rows[0].latency = [settled]
+    print_table(_report(rows), Console(width=400, force_terminal=False))
+    assert "settled" not in capsys.readouterr().out and "settled" not in to_markdown(_report(rows))

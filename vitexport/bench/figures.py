@@ -1,5 +1,5 @@
 """The figures a row has beyond the table's columns, one line each: accuracy over the classes a set covers,
-ImageNet-ReaL accuracy, and an embedding model's k-NN figures."""
+ImageNet-ReaL accuracy, and an embedding model's k-NN figures; and the timings whose median had not settled."""
 
 from __future__ import annotations
 
@@ -36,6 +36,20 @@ def figure_lines(report: "BenchReport") -> list[str]:
             out.append(f"{r.name}: ReaL top-1 {_pct(st.real_acc, st.real_acc_ci)} on {st.real_n:,} images "
                        f"(reference {st.real_acc_ref:.2%}{_drop(st.real_acc_drop_ci)})")
     return out
+
+
+def unsettled_line(report: "BenchReport") -> str:
+    """The timed rows whose median still moved when their time ran out (bench.latency: Latency.stable False), with
+    their runs; '' when there are none (a served model's load is said apart, with its windows)."""
+    from .latency import BUDGET_S, STABLE
+
+    rows = [f"{r.name} batch {lat.batch} ({lat.iterations} runs)" for r in report.results if r.available
+            for lat in r.latency if lat.concurrency is None and lat.stable is False]
+    if not rows:
+        return ""
+    return (f"Timing stopped before the median settled (the last two runs moved it by more than {STABLE:.0%}; "
+            f"{BUDGET_S:g} s of runs a configuration at most): {', '.join(rows)}; a busy machine, or use --iterations "
+            f"N for more runs.")
 
 
 def source_line(data: dict) -> str:

@@ -13,14 +13,16 @@ from ..backends.base import Runner
 MAX_RUNS = 10_000  # a very fast backend stops here even if min_time is not reached
 # without --iterations: at least MIN_RUNS timed runs, or MIN_TIMED_S seconds of them that agree within TIGHT (a
 # slow configuration: 3 runs at least), then stop once the median is stable (the median of every run and that of
-# all but the last two within STABLE of each other), at DEFAULT_RUNS at most once min_time is reached. A ViT-B/16
-# batch of 8 takes 1.6-2.2 s a run on 2 cores: ten runs of each of eight rows were two minutes of the first run,
-# five runs still one.
+# all but the last two within STABLE of each other), at DEFAULT_RUNS at most once min_time is reached, and after
+# BUDGET_S seconds of runs (3 at least) whether or not the median settled: such a figure is marked (Latency.stable
+# False). A ViT-B/16 batch of 8 takes 1.6-2.3 s a run on 2 cores: ten runs of each of eight rows were two minutes of
+# the first run, five runs still one, and on a busy machine (runs 10-20 % apart) most rows went on to ten runs.
 MIN_RUNS = 5
 MIN_TIMED_S = 4.0
 TIGHT = 0.05  # ... and stopping before MIN_RUNS runs takes every run within 5 % of their median, too
 DEFAULT_RUNS = 10
 STABLE = 0.02
+BUDGET_S = 8.0
 
 
 @dataclass
@@ -37,7 +39,8 @@ class Latency:
     relative_to_reference: float | None = None  # throughput / PyTorch FP32 eager throughput, same batch
     # a served model under load (bench/load.py): requests in flight, and what the server says of them
     concurrency: int | None = None
-    stable: bool | None = None  # the last three measurement windows agreed within 10 %
+    stable: bool | None = None  # the last three measurement windows agreed within 10 % (a served model), or the
+    # median had settled (median_stable) when timing stopped (None: a number of runs was asked for)
     windows: int | None = None
     p95_ms: float | None = None
     requests: int | None = None  # sent during the measurement
@@ -87,22 +90,23 @@ def median_stable(ms: list[float], within: float = STABLE) -> bool:
 def enough(ms: list[float], iterations: int | None, elapsed: float, min_time: float) -> bool:
     """Whether timing can stop: `iterations` runs and `min_time` seconds; without `iterations`, min_time and MIN_RUNS
     runs, then a stable median (median_stable) or DEFAULT_RUNS runs; a slow configuration may stop after
-    MIN_TIMED_S seconds of runs (3 at least: median_stable) when every run is within TIGHT of their median."""
+    MIN_TIMED_S seconds of runs (3 at least: median_stable) when every run is within TIGHT of their median, and
+    stops after BUDGET_S seconds of runs (3 at least) in any case."""
     if elapsed < min_time:
         return len(ms) >= MAX_RUNS
     if iterations is not None:
         return len(ms) >= iterations
-    if len(ms) >= DEFAULT_RUNS:
+    timed = sum(ms) / 1e3  # the runs' own time (s), not the loop's
+    if len(ms) >= DEFAULT_RUNS or (len(ms) >= 3 and timed >= BUDGET_S):
         return True
     if not median_stable(ms):
         return False
-    slow = sum(ms) >= MIN_TIMED_S * 1e3  # the runs' own time (ms), not the loop's
-    return len(ms) >= MIN_RUNS or (slow and max(ms) - min(ms) <= TIGHT * statistics.median(ms))
+    return len(ms) >= MIN_RUNS or (timed >= MIN_TIMED_S and max(ms) - min(ms) <= TIGHT * statistics.median(ms))
 
 
 def measure_latency(runner: Runner, x: np.ndarray, iterations: int | None, min_time: float, warmup: int) -> Latency:
-    """At least `iterations` timed runs (None: until the median is stable, see MIN_RUNS) and at least `min_time`
-    seconds of them, after `warmup` untimed runs."""
+    """At least `iterations` timed runs (None: until the median is stable, see MIN_RUNS, and `stable` says whether it
+    was when timing stopped) and at least `min_time` seconds of them, after `warmup` untimed runs."""
     b = len(x)
     staged = runner.stage(x)
     h2d, d2h = _copy_times(runner, x, staged) if runner.device == "cuda" else (None, None)
@@ -115,4 +119,4 @@ def measure_latency(runner: Runner, x: np.ndarray, iterations: int | None, min_t
         ms.append(runner.timed_run(staged))
     mean = statistics.fmean(ms)
     return Latency(b, len(ms), mean, _percentile(ms, 50), _percentile(ms, 90), _percentile(ms, 99),
-                   b / (mean / 1e3), h2d, d2h)
+                   b / (mean / 1e3), h2d, d2h, stable=None if iterations is not None else median_stable(ms))
