@@ -86,8 +86,8 @@ def test_a_slow_configuration_stops_after_its_time_once_the_median_is_stable():
     assert enough([1333.0, 1334.0, 1333.0], None, t, 0.0) and not enough([1333.0, 1333.0, 1333.0], None, t, 0.0)
     assert not enough([1600.0, 1500.0, 1500.0], None, t + 0.6, 1.0)  # 1500 against the first run's 1600
     assert not enough([1500.0, 1576.0, 1500.0], None, t + 0.6, 1.0)  # stable median, runs 5.07 % apart
-    assert not enough([1500.0, 2000.0, 1500.0, 1500.0], None, t + 3, 1.0)  # a third apart: on to MIN_RUNS
-    assert enough([1500.0, 2000.0, 1500.0, 1500.0, 1500.0], None, t + 3, 1.0)
+    assert not enough([1200.0, 1600.0, 1200.0, 1200.0], None, t + 3, 1.0)  # a third apart: on to MIN_RUNS
+    assert enough([1200.0, 1600.0, 1200.0, 1200.0, 1200.0], None, t + 3, 1.0)
     assert not enough([1500.0] * 2, None, t + 10, 1.0)  # two runs have no median to compare
     assert not enough([10.0] * (latency.MIN_RUNS - 1), None, 0.04, 0.0) and enough([10.0] * latency.MIN_RUNS, None,
                                                                                     0.05, 0.0)
@@ -156,23 +156,25 @@ def test_latency_keeps_what_it_is_given():
 
 
 def test_a_configuration_stops_at_its_time_budget_even_if_the_median_still_moves():
-    """Runs 2-3 s apart by half their size: the median never settles, and after BUDGET_S seconds of runs (3 at
-    least, counted by their own times) timing stops anyway; before it, or with two runs, it goes on."""
-    budget = latency.BUDGET_S * 1e3
-    assert enough([2000.0, 3000.0, 3000.0], None, 100.0, 0.0)  # 8.0 s exactly
-    assert not enough([2000.0, 3000.0, 2999.0], None, 100.0, 0.0)  # 7.999 s, median 2999 against 2000: unsettled
-    assert not median_stable([2000.0, 3000.0, 2600.0, 1500.0])
-    assert enough([2000.0, 3000.0, 2600.0, 1500.0], None, 100.0, 0.0)
-    assert not enough([budget, budget], None, 100.0, 0.0)  # two runs, however long
-    assert not enough([2000.0, 2200.0, 2000.0], None, 100.0, 0.0)  # 6.2 s, a stable median, runs 10 % apart
-    assert enough([2000.0, 2050.0, 2000.0], None, 100.0, 0.0)  # within 5 %: 4 s of them are enough, as before
-    assert not enough([1000.0, 1500.0, 1000.0, 1500.0, 3000.0], 8, 100.0, 0.0)  # --iterations 8: no budget
+    """Runs far apart: the median never settles, and after BUDGET_S seconds of runs (3 at least, counted by their
+    own times) timing stops anyway; before it, or with two runs, it goes on."""
+    b = latency.BUDGET_S * 1e3
+    assert enough([b / 6, b / 3, b / 2], None, 100.0, 0.0)  # the budget exactly; median b/3 against b/6
+    assert not enough([b / 6, b / 3, b / 2 - 1], None, 100.0, 0.0)
+    four = [b / 6, b / 3, b / 4, 5 * b / 12]  # three: 3/4 of the budget; four: 7/6 of it, the median moving 17 %
+    assert not median_stable(four) and not enough(four[:3], None, 100.0, 0.0) and enough(four, None, 100.0, 0.0)
+    assert not enough([b, b], None, 100.0, 0.0)  # two runs, however long
+    assert not enough([b / 4, b / 4 * 1.1, b / 4], None, 100.0, 0.0)  # a stable median, runs 10 % apart: on
+    assert enough([b / 4, b / 4 * 1.04, b / 4], None, 100.0, 0.0)  # within 5 % (and over 4 s): enough, as before
+    assert not enough(four + [b / 6], 8, 100.0, 0.0)  # --iterations 8: no budget
+
+
+B = latency.BUDGET_S * 1e3
 
 
 @pytest.mark.parametrize("times, runs, settled", [
-    ([2000.0, 3000.0, 2600.0, 1500.0, 9.0], 4, False),  # cut by the budget, the median still moving
-    ([2000.0, 2000.0, 2200.0, 2000.0, 9.0], 4, True),  # 8.2 s: the budget, the median settled (three runs 10 %
-    # apart do not stop after 4 s)
+    ([B / 6, B / 3, B / 4, 5 * B / 12, 9.0], 4, False),  # cut by the budget, the median still moving
+    ([B / 4, B / 4, B / 4 * 1.1, B / 4, 9.0], 4, True),  # the budget; the median settled, the runs 10 % apart
     ([100.0 + 10 * i for i in range(10)] + [9.0], 10, False),  # ten runs, each pair moving the median by 5-8 %
     ([10.0, 11.0, 10.0, 11.0, 10.0, 9.0], 5, True),
 ])

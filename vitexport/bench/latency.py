@@ -16,13 +16,14 @@ MAX_RUNS = 10_000  # a very fast backend stops here even if min_time is not reac
 # all but the last two within STABLE of each other), at DEFAULT_RUNS at most once min_time is reached, and after
 # BUDGET_S seconds of runs (3 at least) whether or not the median settled: such a figure is marked (Latency.stable
 # False). A ViT-B/16 batch of 8 takes 1.6-2.3 s a run on 2 cores: ten runs of each of eight rows were two minutes of
-# the first run, five runs still one, and on a busy machine (runs 10-20 % apart) most rows went on to ten runs.
+# the first run, five runs still one, and on a busy machine (runs 10-20 % apart) most rows went on to ten runs;
+# with the budget such a row makes 3 runs, one of 1 s six.
 MIN_RUNS = 5
 MIN_TIMED_S = 4.0
 TIGHT = 0.05  # ... and stopping before MIN_RUNS runs takes every run within 5 % of their median, too
 DEFAULT_RUNS = 10
 STABLE = 0.02
-BUDGET_S = 8.0
+BUDGET_S = 6.0  # hyperfine's rule for a slow command is 3 runs and 3 s at least
 
 
 @dataclass

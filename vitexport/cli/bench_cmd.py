@@ -80,7 +80,7 @@ BENCH = OptionGroup(
             help="Batch sizes (repeatable). Default: 1, 8 (GPU: 1, 8, 32)."),
         opt("--iterations", type=click.IntRange(min=1), default=None,
             help="Timed runs per backend and batch, at least. Default: 5 (or 4 s of runs, 3 runs at least), then "
-                 "until the median moves less than 2 %, 10 runs or 8 s of runs (the runs are reported; a median "
+                 "until the median moves less than 2 %, 10 runs or 6 s of runs (the runs are reported; a median "
                  "still moving is named under the table)."),
         opt("--min-time", type=click.FloatRange(min=0), default=1.0, show_default=True,
             help="Seconds of timed runs, at least."),
