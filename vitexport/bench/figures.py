@@ -47,7 +47,7 @@ def unsettled_line(report: "BenchReport") -> str:
             for lat in r.latency if lat.concurrency is None and lat.stable is False]
     if not rows:
         return ""
-    return (f"Timing stopped before the median settled (the last two runs moved it by more than {STABLE:.0%}; "
+    return (f"Timing stopped before the median settled (the last two runs moved it by more than {STABLE * 100:.0f} %; "
             f"{BUDGET_S:g} s of runs a configuration at most): {', '.join(rows)}; a busy machine, or use --iterations "
             f"N for more runs.")
 
