@@ -16,7 +16,7 @@ from scipy.stats import binomtest
 
 from vitexport.artifacts.folder import ModelFolder
 from vitexport.backends.base import Runner
-from vitexport.bench.run import discover
+from vitexport.bench.run import PREPARED_KINDS, discover
 from vitexport.cli import cli
 from vitexport.data.digits import cached_set
 from vitexport.data.images import load_folder
@@ -36,9 +36,11 @@ CPU_BACKENDS = {"pytorch cpu fp32", "onnxruntime cpu fp32", "onnxruntime cpu fp1
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory, digits_export):
+    """The digits export with every graph a CPU bench prepares (the INT8-TRT one too: a test of a backend then runs
+    it whichever test of this module ran first in the worker)."""
     out = tmp_path_factory.mktemp("bench") / "model"
     copy_export(digits_export, out)
-    for prec in ("fp16", "int8"):
+    for prec in PREPARED_KINDS:
         ensure_artifact(out, prec, calib=CalibOptions(check=False))
     return out
 
