@@ -77,9 +77,9 @@ def test_enough_stops_at_max_runs_even_before_min_time():
 
 
 def test_a_slow_configuration_stops_after_its_time_once_the_median_is_stable():
-    """Runs of 1.5 s: 4 s of them (3 runs, counted by their own times) are enough once the median is stable and every run is within 5 % of it;
-    before 4 s, with an unstable median or with runs further apart, timing goes on to MIN_RUNS runs, and a fast
-    configuration still makes MIN_RUNS runs."""
+    """Runs of 1.5 s: 4 s of them (3 runs, counted by their own times) are enough once the median is stable and
+    every run is within 5 % of it; before 4 s, with an unstable median or with runs further apart, timing goes on to
+    MIN_RUNS runs, and a fast configuration still makes MIN_RUNS runs."""
     t = latency.MIN_TIMED_S
     assert enough([1500.0] * 3, None, t, 1.0) and enough([1500.0, 1575.0, 1500.0], None, t + 0.6, 1.0)
     assert not enough([1330.0] * 3, None, t + 10, 1.0)  # 3.99 s of runs, however long the loop took

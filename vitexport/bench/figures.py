@@ -25,8 +25,9 @@ def figure_lines(report: "BenchReport") -> list[str]:
         if st is None:
             continue
         if st.acc_subset is not None:
-            out.append(f"{r.name}: top-1 over the {st.subset_classes} classes present {_pct(st.acc_subset, st.acc_subset_ci)}"
-                       f" (reference {st.acc_subset_ref:.2%}{_drop(st.acc_subset_drop_ci)})")
+            out.append(f"{r.name}: top-1 over the {st.subset_classes} classes present "
+                       f"{_pct(st.acc_subset, st.acc_subset_ci)} (reference {st.acc_subset_ref:.2%}"
+                       f"{_drop(st.acc_subset_drop_ci)})")
         if st.embedding:
             knn = "" if st.knn_acc is None else (f"k-NN top-1 {_pct(st.knn_acc, st.knn_acc_ci)} (reference "
                                                   f"{st.knn_acc_ref:.2%}{_drop(st.knn_drop_ci)}), ")
