@@ -33,9 +33,8 @@ def split_weights(model, min_bytes: int = 1024, outputs=()) -> tuple[bytes, dict
 
 
 def lifted(model, min_bytes: int = 1024) -> tuple:
-    """(a copy of the model whose inline initializers of at least min_bytes (of numpy's own types) are stubs marked
-    external (LIFTED),
-    {initializer: array of its bytes}): a graph to rewrite and serialize without its weights, for
+    """(a copy of the model whose inline initializers of at least min_bytes, of numpy's own types, are stubs marked
+    external (LIFTED); {initializer: array of its bytes}): a graph to rewrite and serialize without its weights, for
     create_session(bytes, weights=). The model is not changed."""
     import numpy as np
     from onnx import GraphProto, ModelProto, TensorProto, helper

@@ -50,8 +50,8 @@ OPENVINO_ROWS = {"fp32": "fp32", "bf16": "fp32", "int8": "int8"}
 class BenchOptions:
     data: Path | None = None  # default: the shipped held-out set for the model
     batches: tuple[int, ...] | None = None  # default: (1, 8) on CPU, (1, 8, 32) with a GPU
-    iterations: int | None = None  # at least this many timed runs per backend and batch (None: latency.MIN_RUNS,
-    # then until the median is stable or latency.DEFAULT_RUNS) ...
+    iterations: int | None = None  # at least this many timed runs per backend and batch (None: latency.enough's
+    # rule: MIN_RUNS, then until the median is stable, DEFAULT_RUNS or BUDGET_S seconds of runs) ...
     min_time: float = 1.0  # ... and at least this many seconds
     # untimed runs at each batch size before its timed ones: the parity pass has run the runner already, so one
     # run makes what is particular to the batch's shape (allocations, primitives); a second one changed nothing

@@ -130,12 +130,12 @@ class Kept:
         return {"node": self.node, "op": self.op, "tensor": self.tensor, "max": self.max}
 
 
-def weight_maxima(model_path: Path, model=None) -> dict[str, float]:
-    """The largest |w| of each float initializer (read one at a time); `model`: the graph at model_path, read."""
+def weight_maxima(model_path: Path, model) -> dict[str, float]:
+    """The largest |w| of each float initializer of `model`, the graph at model_path as read (weights in external
+    data read one at a time from beside it)."""
     import onnx
     from onnx import numpy_helper
 
-    model = model if model is not None else onnx.load(str(model_path), load_external_data=False)
     base = str(Path(model_path).parent)
     return {t.name: float(np.abs(numpy_helper.to_array(t, base_dir=base)).max(initial=0.0))
             for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
