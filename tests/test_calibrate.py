@@ -45,6 +45,63 @@ def test_histogram_coarsens_when_range_explodes():
     assert h.percentile_amax(100.0) == pytest.approx(1e3, rel=1e-3)
 
 
+def _tail_batches(rng, kind, n):
+    for i in range(n):
+        x = rng.standard_normal((4, 60, 48)).astype(np.float32)
+        if kind == "growing":
+            x *= 1 + i
+        elif kind == "outliers":  # ranges hundreds of times the first batch's: bins are merged on the way
+            x.flat[rng.integers(0, x.size, 5)] *= 400 * (i + 1)
+        elif kind == "loud_first" and i == 0:
+            x *= 10  # the batch that sets the floor is unlike the rest
+        yield x
+
+
+@pytest.mark.parametrize("kind", ["plain", "growing", "outliers", "loud_first"])
+def test_a_percentile_from_the_top_values_is_the_one_from_every_value(kind):
+    """Told the first batch's share of the run, a percentile bins only the values above a floor (and counts the
+    rest): it finds the same bin as binning every value, and the value at its rank lies in that bin."""
+    rng = np.random.default_rng(11)
+    n = 9
+    batches = list(_tail_batches(rng, kind, n))
+    everything = np.sort(np.abs(np.concatenate([b.ravel() for b in batches])))
+    for p in (99.999, 99.99, 99.9, 99.0, 90.0, 100.0):
+        full, top = _Collector("percentile", p), _Collector("percentile", p)
+        for b in batches:
+            full.update(b)
+            top.update(b, 1 / n)
+        if p >= 99:  # the first batch holds twice the run's top share well above its second bin
+            most = 0 if kind == "growing" else everything.size / 2  # (later batches nine times wider pass the floor)
+            assert top.hist.floor is not None and top.hist.below > most, p  # only counted
+        else:  # a ninth of the run can hold twice its top 10 % nowhere: every value is binned
+            assert top.hist.floor is None and top.hist.below == 0, p
+        assert top.hist.below + top.hist.counts.sum() == everything.size
+        assert top.result() == full.result(), p
+        want = float(everything[math.ceil(everything.size * p / 100) - 1])
+        assert want - 1e-6 <= top.result() <= want + top.hist.width * (1 + 1e-6), p
+    if kind == "outliers":
+        assert top.hist.width > full.hist.width / 2 > 0 and len(top.hist.counts) > 2049  # bins were grown, merged
+
+
+def test_a_percentile_told_too_few_values_says_so_rather_than_guess():
+    h = _Collector("percentile", 99.9)
+    h.update(np.linspace(0, 1, 1000, dtype=np.float32), 0.5)  # announced: one batch more of the same
+    for _ in range(100):
+        h.update(np.zeros(1000, np.float32))  # a hundred more, all below the floor
+    with pytest.raises(VitexportError, match="more values than it was told"):
+        h.result()
+    h, full = _Collector("percentile", 99.9), _Collector("percentile", 99.9)
+    for i in range(101):  # as many more, but like the first: the values above the floor still decide the rank
+        h.update(np.linspace(0, 1, 1000, dtype=np.float32), 0.5)
+        full.update(np.linspace(0, 1, 1000, dtype=np.float32))
+    assert h.hist.floor is not None and h.result() == full.result()
+    assert _Collector("percentile", 99.9).hist.floor is None  # no share given: every value is binned
+    for method in ("entropy", "minmax"):
+        c = _Collector(method, 99.9)
+        c.update(np.linspace(0, 1, 1000, dtype=np.float32), 0.001)
+        assert c.hist is None or c.hist.floor is None, method  # entropy needs the whole histogram
+
+
 def test_nan_activations_are_one_sentence():
     h = AbsHistogram()
     with pytest.raises(VitexportError, match="NaN or Inf"):
@@ -166,6 +223,8 @@ def test_calibrate_gives_each_tensors_range_by_each_method(tmp_path):
         got = calibrate(path, ["h"], iter(batches), "x", method="percentile", percentile=p).amax["h"]
         want = float(np.sort(np.abs(h).ravel())[math.ceil(h.size * p / 100) - 1])
         assert want - 1e-6 <= got <= want + float(np.abs(h).max()) / 2048 * 2 + 1e-6, p  # the upper edge of a bin
+        told = calibrate(path, ["h"], iter(batches), "x", method="percentile", percentile=p, inputs=15)
+        assert told.amax["h"] == got, p  # binning only the top values finds the same bin
     entropy = calibrate(path, ["h"], iter(batches), "x", method="entropy").amax["h"]
     assert 0 < entropy <= float(np.abs(h).max()) + 1e-6
     assert list(calibrate(path, ["y", "h"], iter(batches), "x", method="minmax").amax) == ["y", "h"]

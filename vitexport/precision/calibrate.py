@@ -5,7 +5,8 @@ collector per tensor and is then dropped, so peak memory depends on the batch si
 calibration images. Three methods, all symmetric (|x|), as TensorRT needs:
 
 - ``minmax``: the largest |x| seen;
-- ``percentile``: the given percentile of |x| (a histogram merged across batches);
+- ``percentile``: the given percentile of |x| (a histogram merged across batches; told how many inputs the run
+  has, it bins after the first batch only the values at the top the percentile can depend on);
 - ``entropy``: TensorRT's KL-divergence threshold on the same histogram (as NVIDIA's calibrators pick it).
 """
 
@@ -44,39 +45,64 @@ def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class AbsHistogram:
-    """A histogram of |x| with a fixed bin width, grown as larger values arrive; merging batches is exact."""
+    """A histogram of |x| with a fixed bin width, grown as larger values arrive; merging batches is exact.
+
+    After `keep_top`, only values at or above a floor are put in bins; the others are only counted (`below`), which
+    is all a percentile far enough up needs of them (percentile_amax), for a fraction of the work."""
 
     def __init__(self, bins: int = HIST_BINS) -> None:
         self.first_bins = bins
         self.width = 0.0
         self.counts: np.ndarray | None = None  # int64 counts; bin i covers [i * width, (i + 1) * width)
         self.amax = 0.0
+        self.floor: np.float32 | None = None  # keep_top's floor: values below it are counted in `below` only
+        self.below = 0
+        self.above = 0  # values known to be at or above the floor (a lower bound for the first batch)
 
     def update(self, x: np.ndarray) -> None:
         """Count |x|: each value's bin is floor(|x| * (1 / width)) in float32, cast straight into the index buffer.
         Multiplying by a positive number keeps the order of float32 values, so no index exceeds that of the
-        largest |x|: the bins are grown to hold it first, and no index needs clipping."""
+        largest |x|: the bins are grown to hold each chunk's largest first, and no index needs clipping."""
         flat = np.asarray(x, dtype=np.float32).ravel()
         if not flat.size:
             return
-        amax = float(max(flat.max(), -flat.min()))
-        if not math.isfinite(amax):
-            raise VitexportError("Calibration saw NaN or Inf activations; check the calibration inputs.")
-        self.amax = max(self.amax, amax)
-        if self.counts is None:
+        if self.counts is None:  # the first batch's range sets the bin width
+            amax = float(max(flat.max(), -flat.min()))
+            _finite(amax)
             self.width = (amax / self.first_bins) if amax > 0 else 1e-8
             self.counts = np.zeros(self.first_bins, dtype=np.int64)
-        scale = np.float32(1.0 / self.width)
-        needed = int(np.float32(amax) * scale) + 1
-        if needed > len(self.counts):
-            self._grow(needed)
-            scale = np.float32(1.0 / self.width)  # merging bins may have widened them
         for start in range(0, flat.size, CHUNK):  # a chunk at a time, in buffers that stay in cache
             part = flat[start:start + CHUNK]
             a, idx = _scratch(len(part))
             np.abs(part, out=a)
-            np.multiply(a, scale, out=idx, casting="unsafe")  # float32 product, truncated: floor for x >= 0
-            self.counts += np.bincount(idx, minlength=len(self.counts))
+            amax = float(a.max())
+            _finite(amax)
+            if amax > self.amax:
+                self.amax = amax
+                needed = int(np.float32(amax) * np.float32(1.0 / self.width)) + 1
+                if needed > len(self.counts):
+                    self._grow(needed)
+            if self.floor is not None:  # only the values at or above the floor are binned
+                a = a[a >= self.floor]
+                self.below += len(part) - len(a)
+                self.above += len(a)
+                idx = idx[:len(a)]
+            np.multiply(a, np.float32(1.0 / self.width), out=idx, casting="unsafe")  # truncated: floor for x >= 0
+            counted = np.bincount(idx)
+            self.counts[:len(counted)] += counted
+
+    def keep_top(self, top: float) -> None:
+        """From now on, bin only what a percentile that depends on the `top` largest values of everything this
+        histogram will see needs: the values at or above a floor under which this first batch alone holds more than
+        twice `top` values (no later batch can then move the percentile below it); the rest are counted. A floor
+        too low to save work (the second bin or less) is not set."""
+        assert self.counts is not None and self.floor is None
+        need = 2 * top + 2
+        above = np.cumsum(self.counts[::-1])[::-1]  # above[e]: values in bins e and up
+        e = int(np.searchsorted(-above, -need, side="right")) - 1  # the last bin with above[e] >= need
+        if e >= 2:
+            self.floor = np.float32((e - 1) * self.width)  # a bin lower: every value of bin e or up is above it
+            self.above = int(above[e])
 
     def _grow(self, needed: int) -> None:
         assert self.counts is not None
@@ -102,8 +128,20 @@ class AbsHistogram:
         return counts.astype(np.float64), self.width * factor
 
     def percentile_amax(self, percentile: float) -> float:
+        """The upper edge of the bin that holds the value at `percentile`, capped at the largest |x|. After
+        keep_top, the values counted below the floor are put in the first bin: more than (100 - percentile) % of all
+        values are above the floor, so the cumulative count stays under the percentile's rank in every bin below the
+        floor's, and from the floor's bin up it is that of binning every value: the bin found is the same."""
         assert self.counts is not None
-        cdf = np.cumsum(self.counts, dtype=np.float64)
+        counts = self.counts
+        if self.floor is not None:
+            total = int(counts.sum()) + self.below
+            if self.above <= total * (1 - percentile / 100.0) + 1:
+                raise VitexportError("Calibration saw more values than it was told to expect; its percentile "
+                                     "cannot be read from the values it kept.")
+            counts = counts.copy()
+            counts[0] += self.below
+        cdf = np.cumsum(counts, dtype=np.float64)
         i = int(np.searchsorted(cdf, cdf[-1] * percentile / 100.0))
         return min(self.amax, (i + 1) * self.width)
 
@@ -113,6 +151,11 @@ class AbsHistogram:
             return 0.0
         counts, width = self.coarse(HIST_BINS)
         return min(self.amax, _kl_threshold(counts) * width)
+
+
+def _finite(amax: float) -> None:
+    if not math.isfinite(amax):
+        raise VitexportError("Calibration saw NaN or Inf activations; check the calibration inputs.")
 
 
 def _kl_threshold(hist: np.ndarray, nq: int = ENTROPY_QUANT_BINS, stride: int = ENTROPY_STRIDE) -> int:
@@ -150,7 +193,7 @@ class ChannelMax:
     def __init__(self) -> None:
         self.amax: np.ndarray | None = None
 
-    def update(self, x: np.ndarray) -> None:
+    def update(self, x: np.ndarray, share: float | None = None) -> None:  # share: unused (every value counts)
         a = np.abs(np.asarray(x, dtype=np.float32))
         m = a.reshape(-1, a.shape[-1]).max(axis=0) if a.size else None
         if m is None:
@@ -169,13 +212,17 @@ class _Collector:
         self.amax = 0.0
         self.hist = AbsHistogram() if method != "minmax" else None
 
-    def update(self, x: np.ndarray) -> None:
+    def update(self, x: np.ndarray, share: float | None = None) -> None:
+        """share: the fraction of all the inputs of the run that x's batch holds, when known; given with the first
+        batch, a percentile then bins only the values it can depend on (AbsHistogram.keep_top)."""
         if self.hist is not None:
+            first = self.hist.counts is None
             self.hist.update(x)
+            if first and share and self.method == "percentile" and self.hist.counts is not None:
+                self.hist.keep_top(x.size / share * (1 - self.percentile / 100.0))
         else:
             m = float(np.abs(x).max()) if x.size else 0.0
-            if not math.isfinite(m):
-                raise VitexportError("Calibration saw NaN or Inf activations; check the calibration inputs.")
+            _finite(m)
             self.amax = max(self.amax, m)
 
     def result(self) -> float:
@@ -249,8 +296,11 @@ def observed_outputs(model, tensors: list[str]) -> list:
 
 def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray], input_name: str,
               method: str = "percentile", percentile: float = 99.999, threads: int | None = None,
-              tick: Tick | None = None, per_channel: bool = False, model=None) -> CalibrationStats:
+              tick: Tick | None = None, per_channel: bool = False, model=None,
+              inputs: int | None = None) -> CalibrationStats:
     """Run `batches` through the FP32 model and return each tensor's symmetric range; memory stays flat.
+    inputs: how many inputs `batches` holds at most, when known: a percentile then bins, after the first batch,
+    only the largest values it can depend on (the same range, for a quarter of the counting work).
     per_channel: each tensor's largest |x| per channel of its last axis instead (ChannelMax; `method` unused).
     model: model_path's ModelProto when the caller has read it (it is not changed: one read of a large graph serves
     the batch size, the session, and whoever needs the graph afterwards)."""
@@ -267,8 +317,9 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
     collectors = {t: ChannelMax() if per_channel else _Collector(method, percentile) for t in tensors}
 
     def count(outs: list[np.ndarray], size: int) -> None:
+        share = size / inputs if inputs else None
         for name, out in zip(tensors, outs):
-            collectors[name].update(out)
+            collectors[name].update(out, share)
         if tick is not None:
             tick(size)
 

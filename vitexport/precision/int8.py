@@ -199,7 +199,7 @@ def ranges(fp32: Path, data: CalibrationSet, preprocess, input_name: str, select
                 model = read_graph(fp32)  # one read for the batch size, the session and the Q/DQ writer
                 batch = calibration_batch(fp32, selection.activations, CALIB_BATCH, model=model)
                 stats = calibrate(fp32, selection.activations, data.batches(preprocess, batch), input_name,
-                                  settings.method, settings.percentile, tick=tick, model=model)
+                                  settings.method, settings.percentile, tick=tick, model=model, inputs=data.count)
                 del model
             except VitexportError:
                 if data.unreadable and data.unreadable == data.count:
