@@ -66,6 +66,41 @@ def test_a_file_changed_while_shared_is_read_again(tmp_path):
         assert graphs.read_graph(path).graph.node[0].name == "second, a longer name"
 
 
+def test_a_prefetched_parse_is_the_first_readers_and_only_for_the_file_it_read(tmp_path, counted):
+    path = _identity(tmp_path / "m.onnx", "first")
+    graphs.prefetch(path)
+    with graphs.sharing():
+        shared = graphs.read_graph(path)
+        assert shared.graph.node[0].name == "first" and graphs.read_graph(path) is shared
+    assert counted == ["m.onnx"]  # the prefetch's parse was the only one
+    graphs.prefetch(path)
+    with graphs.sharing():
+        assert graphs.take_graph(path).graph.node[0].name == "first"  # a taker gets it too
+    assert counted == ["m.onnx"] * 2
+    graphs.prefetch(path)
+    st = os.stat(path)
+    _identity(path, "second, a longer name")  # changed after the prefetch: its parse is not handed out
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    with graphs.sharing():
+        assert graphs.read_graph(path).graph.node[0].name == "second, a longer name"
+    assert not graphs._prefetched  # the stale parse went with the run
+
+
+def test_a_prefetch_of_nothing_or_of_a_broken_file_leaves_the_reader_to_say_so(tmp_path):
+    graphs.prefetch(tmp_path / "absent.onnx")  # no file: nothing starts, nothing raises
+    os.mkfifo(tmp_path / "fifo.onnx")
+    graphs.prefetch(tmp_path / "fifo.onnx")  # never opened: its read would wait for a writer forever
+    assert not graphs._prefetched
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"\xff" * 64)
+    graphs.prefetch(broken)
+    with graphs.sharing(), pytest.raises(Exception) as prefetched:
+        graphs.read_graph(broken)
+    with pytest.raises(Exception) as plain:
+        graphs.read_graph(broken)
+    assert type(prefetched.value) is type(plain.value)  # the reader's own parse raised, as without a prefetch
+
+
 @pytest.fixture
 def counted(monkeypatch):
     """The paths graphs parses, in order."""

@@ -50,8 +50,8 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
         raise click.UsageError("--json and --plot write what --sensitivity measures; add --sensitivity.")
     if sensitivity:
         return _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, log)
-    if target is not None:  # hashed for its check while the modules below are imported
-        _prefetch_fp32_digest(Path(target))
+    if target is not None:  # hashed for its check and parsed while the modules below are imported
+        _prefetch_fp32(Path(target))
     from ..ensure import ensure_artifact
 
     for kind in kinds:
@@ -110,12 +110,15 @@ def _fallback_of(path: Path, kind: str) -> dict | None:
     return rec.calibration.fallback if rec is not None and rec.calibration is not None else None
 
 
-def _prefetch_fp32_digest(target: Path) -> None:
+def _prefetch_fp32(target: Path) -> None:
     from ..artifacts.folder import ModelFolder
     from ..artifacts.verify import prefetch_digest
     from ..errors import VitexportError
+    from ..precision.graphs import prefetch
 
     try:
-        prefetch_digest(ModelFolder.containing(target).onnx())
+        fp32 = ModelFolder.containing(target).onnx()
+        prefetch_digest(fp32)
+        prefetch(fp32)
     except (OSError, VitexportError):
         pass  # the command's own checks say what is wrong with the folder
