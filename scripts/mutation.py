@@ -55,6 +55,7 @@ MODULES: dict[str, list[str]] = {
     "model/outputs.py": ["tests/test_data_rules.py", "-k", "outputs or shapes or output_sentences"],
     "precision/graphs.py": ["tests/test_graphs.py", "-k", "not int8"],  # the int8 test exports (torch in a fork)
     "bench/latency.py": ["tests/test_latency.py", "tests/test_bench.py::test_default_timing_stops_once_the_median_is_stable"],
+    "bench/figures.py": ["tests/test_report.py"],
 }
 
 # mutant name -> why it cannot change behaviour (left out of the score)
@@ -82,6 +83,10 @@ EQUIVALENT: dict[str, str] = {
        for i in (4, 7, 9, 10)},
     **{_V + f"x_prefetch_digest__mutmut_{i}": "a daemon or not, the hash runs to its end or its error: it only decides "
        "whether the interpreter waits for it at exit" for i in (5, 8, 11)},
+    **{f"vitexport.precision.graphs.x_prefetch__mutmut_{i}": "a thread's name is for a debugger; nothing reads it"
+       for i in (11, 14, 16, 17)},
+    **{f"vitexport.precision.graphs.x_prefetch__mutmut_{i}": "a daemon or not, the parse runs to its end or its "
+       "error: it only decides whether the interpreter waits for it at exit" for i in (12, 15, 18)},
     _V + "x_check_plan__mutmut_62":
         "read_sidecar already refused a source name out of the folder, with the sidecar's name in its sentence",
     _F + "x_vit_memory__mutmut_41": "a missing num_classes gives None or 0: both are 0 classes",

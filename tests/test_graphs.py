@@ -69,6 +69,7 @@ def test_a_file_changed_while_shared_is_read_again(tmp_path):
 def test_a_prefetched_parse_is_the_first_readers_and_only_for_the_file_it_read(tmp_path, counted):
     path = _identity(tmp_path / "m.onnx", "first")
     graphs.prefetch(path)
+    assert graphs._prefetched[graphs._state(path)].result().graph.node[0].name == "first"  # parsed on its thread
     with graphs.sharing():
         shared = graphs.read_graph(path)
         assert shared.graph.node[0].name == "first" and graphs.read_graph(path) is shared

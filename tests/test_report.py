@@ -76,3 +76,48 @@ def test_timings_whose_median_had_not_settled_are_named_with_their_runs(capsys):
     rows[0].latency = [settled]
     print_table(_report(rows), Console(width=400, force_terminal=False))
     assert "settled" not in capsys.readouterr().out and "settled" not in to_markdown(_report(rows))
+
+
+def _row(name, available=True, **figures):
+    from vitexport.parity.compare import ParityStats, ParityVerdict, Thresholds
+
+    stats = ParityStats(100, 0.1, 0.01, 0.99, 0.999, 0.98, 1.0, **figures)
+    backend, device, precision = name.split()
+    return BackendResult(name, backend, precision, device, "", available, parity=ParityVerdict(stats, Thresholds()))
+
+
+def test_the_figures_beyond_the_table_are_one_line_each_with_their_intervals():
+    from vitexport.bench.figures import figure_lines
+
+    subset = _row("onnxruntime cpu int8", subset_classes=200, acc_subset=0.8125, acc_subset_ci=[0.78, 0.843],
+                  acc_subset_ref=0.82, acc_subset_drop_ci=[-0.5, 2.0])
+    knn = _row("openvino cpu fp16", knn_k=20, knn_t=0.07, knn_acc=0.9, knn_acc_ci=[0.851, 0.934], knn_acc_ref=0.905,
+               knn_drop_ci=[-1.25, 2.5], neighbour_agree=0.97, neighbour_agree_ci=[0.915, 0.99])
+    unlabelled = _row("pytorch cpu fp32", knn_k=5, knn_t=1.0, neighbour_agree=1.0)
+    real = _row("onnxruntime cpu fp16", real_n=1234, real_acc=0.875, real_acc_ci=[0.85, 0.9], real_acc_ref=0.88,
+                real_acc_drop_ci=[-0.3, 1.3])
+    plain = _row("onnxruntime cpu fp32")  # a labelled set of the model's classes: the table says it all
+    off = _row("openvino cpu bf16", available=False, real_n=5, real_acc=0.5, real_acc_ref=0.5)
+    assert figure_lines(_report([subset, knn, unlabelled, real, plain, off])) == [
+        "onnxruntime cpu int8: top-1 over the 200 classes present 81.25% [78.0%, 84.3%] (reference 82.00%, drop "
+        "[-0.50, +2.00] pts)",
+        "openvino cpu fp16: k-NN top-1 90.00% [85.1%, 93.4%] (reference 90.50%, drop [-1.25, +2.50] pts), nearest "
+        "neighbour the same as the reference's for 97.00% [91.5%, 99.0%] (k=20, T=0.07)",
+        "pytorch cpu fp32: nearest neighbour the same as the reference's for 100.00% (k=5, T=1)",
+        "onnxruntime cpu fp16: ReaL top-1 87.50% [85.0%, 90.0%] on 1,234 images (reference 88.00%, drop [-0.30, "
+        "+1.30] pts)",
+    ]
+
+
+def test_the_data_and_label_lines_say_where_they_came_from():
+    from vitexport.bench.figures import labels_line, source_line
+
+    assert source_line({"n": 2000, "source": "/data/x", "generated": "generated once from the photos"}) == \
+        "Data: the 2,000 images of /data/x, generated once from the photos."
+    assert source_line({"n": 2000, "source": "/data/x"}) == ""
+    labels = {"source": "200 class folders", "how": "WordNet synsets", "present": 200, "num_classes": 1000}
+    assert labels_line({"labels": labels}) == \
+        "Labels: 200 class folders read by WordNet synsets, 200 of the model's 1,000 classes."
+    assert labels_line({"labels": {**labels, "present": 0, "real": True}}) == \
+        "Labels: 200 class folders read by WordNet synsets, with ImageNet-ReaL labels."
+    assert labels_line({"labels": None}) == labels_line({}) == ""
