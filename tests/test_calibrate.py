@@ -83,13 +83,43 @@ def test_a_percentile_from_the_top_values_is_the_one_from_every_value(kind):
         assert top.hist.width > full.hist.width / 2 > 0 and len(top.hist.counts) > 2049  # bins were grown, merged
 
 
+def test_the_floor_has_the_first_batchs_share_above_it():
+    """keep_top's record of the values above its floor never overstates them (it is the guarantee's count), and
+    holds at least twice the run's top share."""
+    rng = np.random.default_rng(5)
+    for scale in (1.0, 40.0):
+        x = (rng.standard_normal(20_000) * scale).astype(np.float32)
+        h = AbsHistogram()
+        h.update(x)
+        h.keep_top(25.0)
+        assert h.floor is not None
+        assert 2 * 25 + 2 <= h.above <= int(np.count_nonzero(np.abs(x) >= h.floor)), scale
+
+
+TOO_FEW = ("Calibration saw more values than it was told to expect; its percentile cannot be read from the values "
+           "it kept.")
+
+
 def test_a_percentile_told_too_few_values_says_so_rather_than_guess():
     h = _Collector("percentile", 99.9)
     h.update(np.linspace(0, 1, 1000, dtype=np.float32), 0.5)  # announced: one batch more of the same
     for _ in range(100):
         h.update(np.zeros(1000, np.float32))  # a hundred more, all below the floor
-    with pytest.raises(VitexportError, match="more values than it was told"):
+    with pytest.raises(VitexportError) as e:
         h.result()
+    assert str(e.value) == TOO_FEW
+    for zeros, refused in ((1003, False), (1004, True)):  # 502 values above the floor: enough while 25 % + 1 < 502
+        h = _Collector("percentile", 75.0)
+        h.update(np.linspace(0, 1, 1000, dtype=np.float32), 1.0)  # announced: the whole run (a top of 250)
+        h.update(np.zeros(zeros, np.float32))
+        assert h.hist.above == 502
+        if refused:
+            with pytest.raises(VitexportError, match="more values than it was told"):
+                h.result()
+        else:
+            ranked = np.sort(np.concatenate([np.linspace(0, 1, 1000, dtype=np.float32), np.zeros(zeros)]))
+            want = ranked[math.ceil(ranked.size * 0.75) - 1]
+            assert want <= h.result() <= want + h.hist.width * (1 + 1e-6)
     h, full = _Collector("percentile", 99.9), _Collector("percentile", 99.9)
     for i in range(101):  # as many more, but like the first: the values above the floor still decide the rank
         h.update(np.linspace(0, 1, 1000, dtype=np.float32), 0.5)
@@ -207,7 +237,7 @@ def _graph(tmp_path, value_info_type=None):
     return path, numpy_helper.to_array(w)
 
 
-def test_calibrate_gives_each_tensors_range_by_each_method(tmp_path):
+def test_calibrate_gives_each_tensors_range_by_each_method(tmp_path, monkeypatch):
     from vitexport.precision.calibrate import calibrate
 
     path, w = _graph(tmp_path)
@@ -225,6 +255,12 @@ def test_calibrate_gives_each_tensors_range_by_each_method(tmp_path):
         assert want - 1e-6 <= got <= want + float(np.abs(h).max()) / 2048 * 2 + 1e-6, p  # the upper edge of a bin
         told = calibrate(path, ["h"], iter(batches), "x", method="percentile", percentile=p, inputs=15)
         assert told.amax["h"] == got, p  # binning only the top values finds the same bin
+    tops = []
+    monkeypatch.setattr(AbsHistogram, "keep_top", lambda self, top: tops.append(top))
+    calibrate(path, ["h"], iter(batches), "x", method="percentile", percentile=99.0, inputs=30)
+    assert tops == [pytest.approx(40 * 30 / 5 * 0.01)]  # the first batch: 5 of 30 inputs, 40 values of 'h'
+    calibrate(path, ["h"], iter(batches), "x", method="percentile", percentile=99.0)
+    assert len(tops) == 1  # not told the run's size: every value is binned
     entropy = calibrate(path, ["h"], iter(batches), "x", method="entropy").amax["h"]
     assert 0 < entropy <= float(np.abs(h).max()) + 1e-6
     assert list(calibrate(path, ["y", "h"], iter(batches), "x", method="minmax").amax) == ["y", "h"]

@@ -69,11 +69,19 @@ def test_timings_whose_median_had_not_settled_are_named_with_their_runs(capsys):
     report = _report(rows)
     print_table(report, Console(width=400, force_terminal=False))
     line = next(x for x in capsys.readouterr().out.splitlines() if "settled" in x)
-    assert line.strip().startswith("Timing stopped before the median settled")
+    assert line.strip().startswith("Timing stopped before the median settled (the last two runs moved it by more "
+                                   "than 2 %; 6 s of runs a configuration at most): onnxruntime cpu fp32 batch 8 (4 "
+                                   "runs); a busy machine")
     assert "onnxruntime cpu fp32 batch 8 (4 runs)" in line and "batch 1" not in line
     assert "openvino" not in line and "triton" not in line
     assert "- Timing stopped before the median settled" in to_markdown(report)
-    rows[0].latency = [settled]
+    from vitexport.bench.figures import unsettled_line
+
+    rows[1].latency = [Latency(1, 3, 20.0, 19.0, 21.0, 22.0, 50.0, stable=False)]
+    assert ": onnxruntime cpu fp32 batch 8 (4 runs), openvino cpu fp32 batch 1 (3 runs); " in unsettled_line(
+        _report(rows))
+    rows[0].latency, rows[1].latency = [settled], [asked]
+    assert unsettled_line(_report(rows)) == ""
     print_table(_report(rows), Console(width=400, force_terminal=False))
     assert "settled" not in capsys.readouterr().out and "settled" not in to_markdown(_report(rows))
 
@@ -98,7 +106,8 @@ def test_the_figures_beyond_the_table_are_one_line_each_with_their_intervals():
                 real_acc_drop_ci=[-0.3, 1.3])
     plain = _row("onnxruntime cpu fp32")  # a labelled set of the model's classes: the table says it all
     off = _row("openvino cpu bf16", available=False, real_n=5, real_acc=0.5, real_acc_ref=0.5)
-    assert figure_lines(_report([subset, knn, unlabelled, real, plain, off])) == [
+    old = _row("onnxruntime cpu bf16", subset_classes=10, acc_subset=0.5, acc_subset_ref=0.5)  # no intervals kept
+    assert figure_lines(_report([off, plain, subset, knn, unlabelled, real, old])) == [
         "onnxruntime cpu int8: top-1 over the 200 classes present 81.25% [78.0%, 84.3%] (reference 82.00%, drop "
         "[-0.50, +2.00] pts)",
         "openvino cpu fp16: k-NN top-1 90.00% [85.1%, 93.4%] (reference 90.50%, drop [-1.25, +2.50] pts), nearest "
@@ -106,6 +115,7 @@ def test_the_figures_beyond_the_table_are_one_line_each_with_their_intervals():
         "pytorch cpu fp32: nearest neighbour the same as the reference's for 100.00% (k=5, T=1)",
         "onnxruntime cpu fp16: ReaL top-1 87.50% [85.0%, 90.0%] on 1,234 images (reference 88.00%, drop [-0.30, "
         "+1.30] pts)",
+        "onnxruntime cpu bf16: top-1 over the 10 classes present 50.00% (reference 50.00%)",
     ]
 
 
