@@ -88,10 +88,14 @@ def test_a_prefetched_parse_is_the_first_readers_and_only_for_the_file_it_read(t
 
 
 def test_a_prefetch_of_nothing_or_of_a_broken_file_leaves_the_reader_to_say_so(tmp_path):
+    before = dict(graphs._prefetched)  # (another test's command may have failed before its run took its parse)
     graphs.prefetch(tmp_path / "absent.onnx")  # no file: nothing starts, nothing raises
     os.mkfifo(tmp_path / "fifo.onnx")
     graphs.prefetch(tmp_path / "fifo.onnx")  # never opened: its read would wait for a writer forever
-    assert not graphs._prefetched
+    assert graphs._prefetched == before
+    graphs.prefetch(_identity(tmp_path / "a.onnx", "a"))
+    graphs.prefetch(_identity(tmp_path / "b.onnx", "b"))
+    assert list(graphs._prefetched) == [graphs._state(tmp_path / "b.onnx")]  # one held at a time
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"\xff" * 64)
     graphs.prefetch(broken)

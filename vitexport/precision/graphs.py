@@ -54,7 +54,8 @@ def prefetch(path: Path) -> None:
         except BaseException as e:  # said again by the reader's own parse
             parse.set_exception(e)
 
-    with _prefetch_lock:
+    with _prefetch_lock:  # one at a time: a parse no run took (its command failed first) goes with the next
+        _prefetched.clear()
         _prefetched[key] = parse
     threading.Thread(target=run, name="vitexport-parse", daemon=True).start()
 
