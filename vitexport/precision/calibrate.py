@@ -300,7 +300,7 @@ def calibrate(model_path: Path, tensors: list[str], batches: Iterable[np.ndarray
               inputs: int | None = None) -> CalibrationStats:
     """Run `batches` through the FP32 model and return each tensor's symmetric range; memory stays flat.
     inputs: how many inputs `batches` holds at most, when known: a percentile then bins, after the first batch,
-    only the largest values it can depend on (the same range, for a quarter of the counting work).
+    only the largest values it can depend on (the same range, for about a third of the counting work).
     per_channel: each tensor's largest |x| per channel of its last axis instead (ChannelMax; `method` unused).
     model: model_path's ModelProto when the caller has read it (it is not changed: one read of a large graph serves
     the batch size, the session, and whoever needs the graph afterwards)."""
