@@ -42,7 +42,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from vitexport.data.images import load_folder, preprocess_image  # noqa: E402
 from vitexport.model.variants import DIGITS_VARIANT, SIZES, get_variant  # noqa: E402
-from vitexport.model.vit import build_model, count_params  # noqa: E402
+from vitexport.model.build import build_model, count_params  # noqa: E402
 from vitexport.paths import DIGITS_CALIB, DIGITS_CHECKPOINT, DIGITS_HELDOUT  # noqa: E402
 
 SPLIT_RANDOM_STATE = 0  # fixed: the shipped split does not depend on --seed
@@ -322,7 +322,7 @@ Load it with
 
 ```python
 from safetensors.torch import load_file
-from vitexport.model.vit import build_model
+from vitexport.model.build import build_model
 from vitexport.model.variants import get_variant
 
 v = get_variant("vit_digits_patch4_32")

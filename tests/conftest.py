@@ -146,3 +146,44 @@ def quick_bench(folder: Path, tmp_path: Path) -> dict:
                                  "--json", str(report), "-q"])
     assert r.exit_code == 0, r.output
     return {row["name"]: row for row in json.loads(report.read_text())["results"] if row["available"]}
+
+
+# -- the graph rule: no graph the suite writes holds an op TensorRT's parser refuses ----------------------------------
+
+def graphs_breaking_the_rule(root: Path) -> list[str]:
+    """'FILE: NODE (OP), ...' for each ONNX graph under `root` with a node of graph_rules.FORBIDDEN_OPS. Files that
+    are not regular files (the FIFOs and links of the untrusted-folder tests) and files that are no ONNX graph
+    (their corrupt-file cases) are not graphs vitexport wrote."""
+    import onnx
+
+    from vitexport.tensorrt_engine.graph_rules import rule_breakers
+
+    found = []
+    for path in sorted(root.rglob("*.onnx")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception:  # noqa: BLE001 - a deliberately damaged file
+            continue
+        if breakers := rule_breakers(model):
+            found.append(f"{path.relative_to(root)}: {', '.join(breakers[:5])}")
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After every test (in the controller: it sees what each worker wrote under the session's temporary folder),
+    fail the run when a graph the suite wrote breaks the rule, naming the file and the nodes."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not hasattr(session.config, "_tmp_path_factory"):
+        return
+    try:
+        root = session.config._tmp_path_factory.getbasetemp()
+    except OSError:
+        return
+    broken = graphs_breaking_the_rule(Path(root))
+    if broken:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["Graphs with ops TensorRT's parser refuses (If, Loop, Scan, ScatterND, NonZero):", *broken]
+        for line in lines:
+            (reporter.write_line(line, red=True) if reporter else print(line, file=sys.stderr))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,6 +1,7 @@
-"""timm's VisionTransformer family by name: the generated table against the installed timm, every option of the
-reference ViT against timm's own model with the same weights (one by one, and as each registered architecture
-combines them), and the preprocessing of each crop mode against timm's."""
+"""timm's vision transformers by name: the generated table against the installed timm, every option of the
+reference ViT against timm's own model with the same weights (one by one, and as each registered architecture of
+vision_transformer.py, deit.py, eva.py, beit.py and naflexvit.py combines them), and the preprocessing of each crop
+mode against timm's. The options of the RoPE and relative-position families one by one: tests/test_rope_families.py."""
 
 import json
 from functools import partial
@@ -19,8 +20,12 @@ from vitexport.data.images import preprocess_image
 from vitexport.data.preprocess import Preprocess
 from vitexport.errors import VitexportError
 from vitexport.model.archs import arch_names, get_arch, resolve, table
+from vitexport.model.build import build_model, model_class
+from vitexport.model.checkpoints import detect_format
+from vitexport.model.checkpoints.adapt import adapt_state_dict
 from vitexport.model.config import ViTConfig
 from vitexport.model.spec import user_spec
+from vitexport.model.timm_args import MODULES
 from vitexport.model.vit import VisionTransformer
 
 
@@ -37,26 +42,40 @@ def test_the_committed_table_is_the_installed_timm_s():
     assert _without_params(load_script("gen_timm_archs").generate(params=False)) == _without_params(table())
 
 
-def test_the_table_covers_timm_s_vision_transformer_family():
-    names = set(timm.list_models(module="vision_transformer")) | set(timm.list_models(module="deit"))
+def test_the_table_covers_timm_s_vision_transformer_modules():
+    names = {a for m in MODULES for a in timm.list_models(module=m)}
     assert set(arch_names()) == names
     tags = {t for a in names for t in timm.list_pretrained(f"{a}.*")}
     assert {f"{a}.{t}" for a in arch_names() for t in get_arch(a).tags} == tags
-    assert len(tags) >= 300  # 333 in timm 1.0.31
+    assert len(tags) >= 430  # 440 in timm 1.0.31: 333 of vision_transformer.py and deit.py, 107 of the other three
+    assert {get_arch(a).module for a in arch_names()} == set(MODULES)
+
+
+def _converted(ref: torch.nn.Module) -> dict:
+    """timm's state dict in the reference model's names (NaFlexViT's embedding moved; the others as they are)."""
+    raw = ref.state_dict()
+    return detect_format(set(raw)).convert(raw)
 
 
 @pytest.mark.parametrize("arch", sorted(arch_names()))
 def test_every_architecture_has_timm_s_tensors_and_counts(arch):
     """On the meta device (no memory): the same state-dict names and shapes as timm's model of the default tag, and
-    the parameter count the table lists."""
+    the parameter count the table lists. NaFlexViT stores its position embedding at its own grid, which vitexport
+    resamples to the model's once (timm: on every forward), so that one tensor's shape and count differ."""
     a = get_arch(arch)
     with torch.device("meta"):
         ref = timm.create_model(arch, pretrained=False)
-        ours = VisionTransformer(a.config())
-    assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == \
-           {k: tuple(v.shape) for k, v in ref.state_dict().items()}
+        ours = model_class(a.config())(a.config())
+    want = {k: tuple(v.shape) for k, v in _converted(ref).items()}
+    got = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
+    extra = 0
+    if a.module == "naflexvit":
+        extra = got["pos_embed"][1] * got["pos_embed"][2] - sum(
+            p.numel() for n, p in ref.named_parameters() if n.startswith("embeds.pos_embed"))
+        want.pop("pos_embed"), got.pop("pos_embed")
+    assert got == want
     if a.default_tag is not None:
-        assert sum(p.numel() for p in ours.parameters()) == a.default_tag.params
+        assert sum(p.numel() for p in ours.parameters()) == a.default_tag.params + extra
 
 
 # -- numbers: each option, then each architecture, at tiny sizes ---------------------------------------------------
@@ -86,10 +105,17 @@ def perturbed(model: torch.nn.Module) -> torch.nn.Module:
     return load_script("timm_coverage").perturb(model, scale=0.05)
 
 
-def assert_same_as_timm(ref: torch.nn.Module, cfg: ViTConfig, batch: int = 2) -> None:
-    ours = VisionTransformer(cfg).eval()
-    ours.load_state_dict(perturbed(ref).state_dict(), strict=True)
-    x = torch.randn(batch, 3, *cfg.img_size, generator=torch.Generator().manual_seed(1))
+def assert_same_as_timm(ref: torch.nn.Module, cfg: ViTConfig, batch: int = 2, pos_embed_interp: str | None = None,
+                        size: tuple[int, int] | None = None) -> None:
+    """Our model of `cfg` with timm's weights (converted, fitted to the grid as an export fits them) gives timm's
+    output, eager and in the explicit attention form the export traces."""
+    ours = build_model(cfg)
+    raw = perturbed(ref).state_dict()
+    fmt = detect_format(set(raw))
+    hints = fmt.hints(raw) if hasattr(fmt, "hints") else {}
+    sd, _ = adapt_state_dict(fmt.convert(raw), ours, pos_embed_interp or cfg.pos_embed_interp, hints.get("grid"))
+    ours.load_state_dict(sd, strict=True)
+    x = torch.randn(batch, 3, *(size or cfg.img_size), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want, got = ref(x), ours(x)
         ours.set_fused_attn(False)  # the exported form too
@@ -143,8 +169,23 @@ def test_the_distilled_deit_averages_its_two_heads_as_timm_does():
 
 def _tiny(arch: str) -> dict:
     """The architecture's own options at a tiny size: width 96 (an even hidden width for every MLP ratio the family
-    uses with a packed GLU, 2 x 2.66667), 4 heads, 2 blocks, a 2 x 2 patch grid."""
-    return dict(embed_dim=96, num_heads=4, depth=2, img_size=2 * get_arch(arch).patch, num_classes=5)
+    uses with a packed GLU, 2 x 2.66667; a head size of 24, which RoPE splits in quarters), 4 heads, 2 blocks, a
+    3 x 2 patch grid (non-square: RoPE's axes and BEiT's offsets cannot be swapped unseen; 2 x 2 for the classic
+    ViTs), and grouped-query attention of 4 and 2 key/value heads where the architecture has it."""
+    a = get_arch(arch)
+    kw = dict(embed_dim=96, num_heads=4, depth=2, num_classes=5)
+    kw["img_size"] = 2 * a.patch if a.module in ("vision_transformer", "deit") else (3 * a.patch, 2 * a.patch)
+    if a.args.get("num_kv_heads"):
+        kw["num_kv_heads"] = (4, 2)
+    return kw
+
+
+def _timm_tiny(arch: str) -> dict:
+    """The same for timm's create_model: NaFlexViT takes no size (any input, its position embedding at its own grid)."""
+    kw = _tiny(arch)
+    if get_arch(arch).module == "naflexvit":
+        kw.pop("img_size")
+    return kw
 
 
 def _combinations() -> list[str]:
@@ -162,7 +203,7 @@ def _combinations() -> list[str]:
 def test_every_combination_of_options_matches_timm_at_a_tiny_size(arch):
     """Each combination of options a registered architecture uses, its width cut to 96 and depth to 2."""
     torch.manual_seed(0)
-    ref = timm.create_model(arch, pretrained=False, **_tiny(arch))
+    ref = timm.create_model(arch, pretrained=False, **_timm_tiny(arch))
     assert_same_as_timm(ref, get_arch(arch).config(**_tiny(arch)))
 
 
@@ -172,8 +213,10 @@ def test_unknown_names_get_the_closest_ones():
     with pytest.raises(VitexportError) as e:
         get_arch("vit_small_patch14_dinov")
     assert "vit_small_patch14_dinov2" in str(e.value) and str(e.value).count(".") <= 3
-    with pytest.raises(VitexportError, match="not one of timm"):
-        resolve("eva02_base_patch14_224.mim_in22k")
+    with pytest.raises(VitexportError, match="not one of the 265 architectures of timm's vision transformer modules"):
+        resolve("eva03_base_patch14_224.mim_in22k")
+    arch, tag = resolve("eva02_base_patch14_224.mim_in22k")  # eva.py's names are accepted as vision_transformer.py's
+    assert (arch.module, arch.config(tag).family, tag.num_classes) == ("eva", "eva", 0)
 
 
 def test_a_tag_names_its_own_size_classes_and_preprocessing():
@@ -257,7 +300,7 @@ def test_the_models_command_lists_what_timm_lists():
     from vitexport.cli import cli
 
     rows = json.loads(CliRunner().invoke(cli, ["models", "--json"]).output)
-    names = set(timm.list_models(module="vision_transformer")) | set(timm.list_models(module="deit"))
+    names = {a for m in MODULES for a in timm.list_models(module=m)}
     assert {r["name"] for r in rows} == names | {"vit_digits_patch4_32"}
     tagged = json.loads(CliRunner().invoke(cli, ["models", "--pretrained", "--json", "*dinov2*"]).output)
     assert {r["name"] for r in tagged} == set(timm.list_pretrained("*dinov2*")) & {

@@ -211,7 +211,7 @@ def test_recorded_shapes_are_the_models():
     import torch
 
     from vitexport.model.outputs import WithOutputs
-    from vitexport.model.vit import build_model
+    from vitexport.model.build import build_model
 
     for kw in (dict(num_classes=5), dict(num_classes=0, reg_tokens=2), dict(num_classes=3, distilled=True),
                dict(num_classes=4, class_token=False, global_pool="avg")):
@@ -395,7 +395,7 @@ def test_with_outputs_answers_one_output_as_a_tensor():
     import torch
 
     from vitexport.model.outputs import WithOutputs, compute
-    from vitexport.model.vit import build_model
+    from vitexport.model.build import build_model
 
     model = build_model(ViTConfig(img_size=(16, 16), patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3))
     wrapped = WithOutputs(model, ("logits",))

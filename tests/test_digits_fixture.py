@@ -11,7 +11,7 @@ import torch
 
 from vitexport.data.images import list_images, load_folder
 from vitexport.model.variants import DIGITS_VARIANT, get_variant
-from vitexport.model.vit import build_model
+from vitexport.model.build import build_model
 from vitexport.paths import DIGITS_CALIB, DIGITS_CHECKPOINT, DIGITS_HELDOUT
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,8 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer import checkpoint_filter_fn
 
 from vitexport.model.checkpoints import Checkpoint, load_into
-from vitexport.model.vit import VisionTransformer, ViTConfig, build_model
+from vitexport.model.build import build_model
+from vitexport.model.vit import VisionTransformer, ViTConfig
 
 TINY = dict(embed_dim=64, depth=2, num_heads=4)
 

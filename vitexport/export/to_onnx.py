@@ -24,6 +24,7 @@ from ..model.spec import DEFAULT_OPSET, MIN_OPSET
 from ..model.outputs import WithOutputs
 from ..model.vit import VisionTransformer
 from ..paths import atomic_path
+from ..tensorrt_engine.graph_rules import describe, rule_breakers
 
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
@@ -107,6 +108,9 @@ def _trace(model: VisionTransformer, opset: int, example_batch: int, img_size_ra
         raise VitexportError(f"--opset {opset} is out of reach: torch.onnx's exporter could not convert this graph "
                              f"to it (the graph stays at opset {got}); use a lower --opset (default {DEFAULT_OPSET}).")
     proto = program.model_proto
+    if breakers := rule_breakers(proto):
+        raise VitexportError(f"The exported graph has {describe(breakers)}; this is a bug in vitexport's model, "
+                             f"please report it with the model's name.")
     if cfg.dynamic_img_size:
         _name_image_axes(proto)
     return proto

@@ -12,7 +12,9 @@ from ..model.checkpoints import Checkpoint, load_checkpoint, load_into
 from ..model.labels import labels_record
 from ..model.posembed import INTERPOLATIONS, infer_grid
 from ..model.spec import ModelSpec
-from ..model.vit import VisionTransformer, ViTConfig, build_model
+from ..model.build import build_model
+from ..model.config import ViTConfig
+from ..model.vit import VisionTransformer
 
 
 @dataclass

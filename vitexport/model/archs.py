@@ -1,5 +1,6 @@
-"""timm's VisionTransformer family by name: the architecture table (`resources/timm_archs.json`, generated from
-timm's registry by `scripts/gen_timm_archs.py`) turned into ViTConfig fields and preprocessing.
+"""timm's vision transformers by name: the architecture table (`resources/timm_archs.json`, generated from timm's
+registry by `scripts/gen_timm_archs.py`: every architecture of vision_transformer.py, deit.py, eva.py, beit.py and
+naflexvit.py) turned into ViTConfig fields and preprocessing.
 
 An architecture is timm's model name (`vit_small_patch14_reg4_dinov2`); a tag names pretrained weights of it
 (`lvd142m`), written `ARCH.TAG` as timm does, with its own input size, preprocessing and class count. No torch
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..data.preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocess
 from ..errors import VitexportError
 from .config import to_2tuple
+from .timm_args import MODULES
 
 if TYPE_CHECKING:
     from .config import ViTConfig
@@ -63,7 +65,7 @@ class Architecture:
     """A registered timm ViT architecture: its constructor arguments and its pretrained tags."""
 
     name: str
-    module: str  # 'vision_transformer' | 'deit'
+    module: str  # timm's module: 'vision_transformer' | 'deit' | 'eva' | 'beit' | 'naflexvit' (timm_args.MODULES)
     args: dict[str, Any]  # timm's constructor arguments, in ViTConfig's vocabulary
     tags: dict[str, Tag]
 
@@ -145,8 +147,8 @@ def unknown_name(name: str) -> str:
 
     close = difflib.get_close_matches(name, arch_names() + known_tags() + [DIGITS_VARIANT], n=3, cutoff=0.6)
     hint = f"; closest: {', '.join(close)}" if close else ""
-    return (f"Unknown model {name!r}: it is not one of timm's {len(arch_names())} VisionTransformer architectures "
-            f"nor {DIGITS_VARIANT} (`vitexport models` lists them){hint}.")
+    return (f"Unknown model {name!r}: it is not one of the {len(arch_names())} architectures of timm's vision "
+            f"transformer modules ({', '.join(MODULES)}) nor {DIGITS_VARIANT} (`vitexport models` lists them){hint}.")
 
 
 def known_tags() -> list[str]:

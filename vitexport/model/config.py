@@ -2,6 +2,11 @@
 the forward pass), checked when made, so a config from a hub file or a manifest that vitexport cannot build, or that
 is absurd, is one sentence before any tensor is allocated. No torch here.
 
+`family` says which model reads it: ``vit`` (`vit.VisionTransformer`: timm's VisionTransformer and DeiT, the
+NaFlexViT towers, transformers' ViTs), ``eva`` (`eva.Eva`: the RoPE ViTs of timm's eva.py, EVA to DINOv3) or
+``beit`` (`beit.Beit`: relative position bias). The fields past `pos_embed_interp` are what the last two add; their
+defaults are the classic ViT's.
+
 The names of the parts (`NORM_LAYERS`, `ACT_LAYERS`, ...) are the keys of the tables in `layers/`.
 """
 
@@ -21,8 +26,16 @@ MLP_LAYERS = ("mlp", "swiglu", "glu", "swiglu_packed")
 BLOCK_FNS = ("block", "res_post", "parallel_scaling", "diff_parallel_scaling", "parallel_things")
 ATTN_LAYERS = ("attn", "diff")
 PRE_LOGITS_ACTS = ("tanh", "")  # the representation layer's activation ('' none: a plain projection)
+FAMILIES = ("vit", "eva", "beit")
+ROPE_KINDS = ("", "cat", "dinov3", "mixed")  # layers/rope.py ('' no RoPE)
+ROPE_INDEXING = ("ij", "xy")
+REL_POS_BIASES = ("", "block", "shared")  # BEiT's relative position bias: none, one table per block, one shared
 CHOICES = {"global_pool": GLOBAL_POOLS, "norm_layer": NORM_LAYERS, "act_layer": ACT_LAYERS, "mlp_layer": MLP_LAYERS,
-           "block_fn": BLOCK_FNS, "attn_layer": ATTN_LAYERS, "pre_logits_act": PRE_LOGITS_ACTS}
+           "block_fn": BLOCK_FNS, "attn_layer": ATTN_LAYERS, "pre_logits_act": PRE_LOGITS_ACTS, "family": FAMILIES,
+           "rope": ROPE_KINDS, "rope_grid_indexing": ROPE_INDEXING, "rel_pos_bias": REL_POS_BIASES}
+# what each family's model builds, beyond the options every family shares
+FAMILY_BLOCKS = {"vit": BLOCK_FNS, "eva": ("block", "res_post"), "beit": ("block",)}
+FAMILY_MLPS = {"vit": MLP_LAYERS, "eva": ("mlp", "swiglu", "swiglu_packed"), "beit": ("mlp", "swiglu")}
 # sanity bounds for numbers a config file may hold: far beyond any published ViT, far below what breaks arithmetic
 MAX_SIDE = 16384  # pixels of an input side
 MAX_WIDTH = 65536  # embed_dim
@@ -89,6 +102,27 @@ class ViTConfig:
     dynamic_img_size: bool = False
     pos_embed_grid: tuple[int, int] | None = None  # the grid the stored position embedding covers; None: img_size's
     pos_embed_interp: str = "bicubic-antialias"  # posembed.INTERPOLATIONS; used only with dynamic_img_size
+    # resample the position embedding to a square of the grid's longer side, then crop (NaFlexViT's
+    # pos_embed_ar_preserving: C-RADIO)
+    pos_embed_square: bool = False
+
+    # -- the RoPE and relative-position families (eva.py, beit.py) --------------------------------------------------
+    family: str = "vit"  # 'vit' | 'eva' | 'beit': the model class
+    abs_pos_embed: bool = True  # a learned absolute position embedding (timm's use_abs_pos_emb)
+    rope: str = ""  # rotary position embedding: '' | 'cat' | 'dinov3' | 'mixed' (layers/rope.py)
+    rope_temperature: float = 10000.0
+    rope_grid_offset: float = 0.0  # added to the grid positions
+    rope_grid_indexing: str = "ij"  # 'ij': (row, column) channels; 'xy': (column, row)
+    rope_rotate_half: bool = False  # rotation layout: halves (True) or interleaved pairs (False)
+    rope_ref_grid: tuple[int, int] | None = None  # positions rescaled to this grid (EVA's ref_feat_shape)
+    rel_pos_bias: str = ""  # BEiT's relative position bias: '' | 'block' | 'shared'
+    qkv_fused: bool = True  # one qkv projection; False: q_proj, k_proj, v_proj
+    k_bias: bool = True  # False: the key projection has no bias (EVA's and BEiT's q/v biases)
+    num_kv_heads: tuple[int, ...] | None = None  # key/value heads of each block (grouped-query attention)
+    mlp_align_to: int = 0  # SwiGLU's hidden width rounded up to a multiple of this (DINOv3 S+, H+, 7B)
+    attn_only_layer_scale: bool = False  # LayerScale on the attention branch only (Sapiens2)
+    pool_heads: int | None = None  # the attention pool's heads; None: num_heads
+    pool_mlp_ratio: float | None = None  # the attention pool's MLP ratio; None: mlp_ratio
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -96,6 +130,9 @@ class ViTConfig:
         self.patch_size = to_2tuple(self.patch_size)
         if self.pos_embed_grid is not None:
             self.pos_embed_grid = to_2tuple(self.pos_embed_grid)
+        if self.rope_ref_grid is not None:
+            self.rope_ref_grid = to_2tuple(self.rope_ref_grid)
+        self.num_kv_heads = self._kv_heads(self.num_kv_heads)
         for name, table in CHOICES.items():
             if getattr(self, name) not in table:
                 raise VitexportError(f"{name}={getattr(self, name)!r} is not one vitexport builds; it builds "
@@ -114,6 +151,70 @@ class ViTConfig:
         if self.block_fn in ("parallel_scaling", "diff_parallel_scaling") and (
                 self.scale_attn_norm or self.scale_mlp_norm):
             raise VitexportError(f"block_fn={self.block_fn!r} has no scale_attn_norm / scale_mlp_norm.")
+        self._check_family()
+
+    def _kv_heads(self, v: Any) -> tuple[int, ...] | None:
+        """num_kv_heads as one entry per block: an int stands for every block; None entries mean num_heads."""
+        if v is None:
+            return None
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = [v] * self.depth
+        if not isinstance(v, (list, tuple)) or len(v) != self.depth or not all(
+                x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in v):
+            raise VitexportError(f"The model config's num_kv_heads {v!r} is not a head count, or one per block "
+                                 f"({self.depth}).")
+        heads = tuple(self.num_heads if x is None else x for x in v)
+        for h in heads:
+            if not (0 < h <= self.num_heads and self.num_heads % h == 0):
+                raise VitexportError(f"The model config's num_kv_heads {h} does not divide its {self.num_heads} "
+                                     f"heads.")
+        return None if all(h == self.num_heads for h in heads) else heads
+
+    def _check_family(self) -> None:
+        """What each model class builds; everything else is one sentence naming the option."""
+        fam = self.family
+
+        if self.block_fn not in FAMILY_BLOCKS[fam]:
+            raise VitexportError(f"block_fn={self.block_fn!r} is not one the {fam} family builds; it builds "
+                                 f"{', '.join(repr(k) for k in FAMILY_BLOCKS[fam])}.")
+        if self.mlp_layer not in FAMILY_MLPS[fam]:
+            raise VitexportError(f"mlp_layer={self.mlp_layer!r} is not one the {fam} family builds; it builds "
+                                 f"{', '.join(repr(k) for k in FAMILY_MLPS[fam])}.")
+        if fam != "vit":
+            for name, default in (("attn_layer", "attn"), ("distilled", False), ("pre_logits_size", 0),
+                                  ("embed_norm_layer", None), ("pos_embed_square", False)):
+                if getattr(self, name) != default:
+                    raise VitexportError(f"{name}={getattr(self, name)!r} is a VisionTransformer option: a "
+                                         f"{fam}-family model has none.")
+        else:
+            for name, default in (("rope", ""), ("rel_pos_bias", ""), ("qkv_fused", True), ("k_bias", True),
+                                  ("num_kv_heads", None), ("attn_only_layer_scale", False), ("abs_pos_embed", True),
+                                  ("mlp_align_to", 0)):
+                if getattr(self, name) != default:
+                    raise VitexportError(f"{name}={getattr(self, name)!r} needs family='eva' or 'beit' (a "
+                                         f"VisionTransformer has no such option).")
+        if self.rope and fam != "eva":
+            raise VitexportError(f"rope={self.rope!r} needs family='eva'.")
+        if self.rel_pos_bias and fam != "beit":
+            raise VitexportError(f"rel_pos_bias={self.rel_pos_bias!r} needs family='beit'.")
+        if self.rope and (self.embed_dim // self.num_heads) % 4:
+            raise VitexportError(f"RoPE needs a head size divisible by 4; {self.embed_dim} / {self.num_heads} heads "
+                                 f"is {self.embed_dim // self.num_heads}.")
+        if self.rope == "mixed" and self.rope_rotate_half:
+            raise VitexportError("Mixed RoPE rotates interleaved pairs: it needs rope_rotate_half=False.")
+        if self.num_kv_heads is not None and self.qkv_fused:
+            raise VitexportError("Grouped-query attention (num_kv_heads) needs separate q/k/v projections "
+                                 "(qkv_fused=False).")
+        if self.block_fn == "res_post" and fam == "eva" and (self.qk_norm or self.attn_only_layer_scale or
+                                                             self.num_kv_heads is not None):
+            raise VitexportError("The post-norm EVA block has no qk_norm, num_kv_heads or attn_only_layer_scale.")
+        if fam == "beit" and (self.reg_tokens or not self.class_token or self.no_embed_class or self.pre_norm):
+            raise VitexportError("A BEiT model has one class token, no registers, and embeds its class token "
+                                 "(class_token=True, reg_tokens=0, no_embed_class=False, pre_norm=False).")
+        if fam == "beit" and self.global_pool not in ("avg", "token", ""):
+            raise VitexportError(f"A BEiT model pools 'avg', 'token' or '' (not {self.global_pool!r}).")
+        if self.mlp_align_to and self.mlp_layer != "swiglu":
+            raise VitexportError("mlp_align_to rounds SwiGLU's hidden width: it needs mlp_layer='swiglu'.")
 
     def _check_types(self) -> None:
         """Every field of the type it is declared with (a bool is not an int; an int may stand for a float)."""
@@ -154,6 +255,16 @@ class ViTConfig:
         need(0 <= self.pre_logits_size <= MAX_WIDTH, f"pre_logits_size {self.pre_logits_size} is not 0..{MAX_WIDTH}")
         need(0 <= self.reg_tokens <= MAX_TOKENS, f"reg_tokens {self.reg_tokens} is not 0..{MAX_TOKENS}")
         need(0 < self.norm_eps < 1 and 0 < self.embed_norm_eps < 1, "norm eps is not in (0, 1)")
+        need(0 < self.rope_temperature <= 1e9, f"rope_temperature {self.rope_temperature} is not in (0, 1e9]")
+        need(abs(self.rope_grid_offset) <= MAX_SIDE, f"rope_grid_offset {self.rope_grid_offset} is absurd")
+        need(self.rope_ref_grid is None or all(0 < s <= MAX_SIDE for s in self.rope_ref_grid),
+             f"rope_ref_grid {self.rope_ref_grid} is not 1..{MAX_SIDE} a side")
+        need(0 <= self.mlp_align_to <= 4096, f"mlp_align_to {self.mlp_align_to} is not 0..4096")
+        need(self.pool_heads is None or (0 < self.pool_heads <= self.embed_dim and self.embed_dim % self.pool_heads
+                                         == 0), f"embed_dim {self.embed_dim} is not divisible into {self.pool_heads}"
+                                                " pool heads")
+        need(self.pool_mlp_ratio is None or 0 < self.pool_mlp_ratio <= 64,
+             f"pool_mlp_ratio {self.pool_mlp_ratio} is not in (0, 64]")
         need(self.init_values is None or abs(self.init_values) < 1e6, f"init_values {self.init_values} is absurd")
 
     @property
@@ -172,7 +283,14 @@ class ViTConfig:
 
     @property
     def hidden_features(self) -> int:
-        return int(self.embed_dim * self.mlp_ratio)
+        """The MLP's hidden width: int(D * mlp_ratio); EVA's packed SwiGLU doubles it (value and gate in one fc1),
+        an aligned SwiGLU rounds it up to a multiple of mlp_align_to."""
+        h = int(self.embed_dim * self.mlp_ratio)
+        if self.family == "eva" and self.mlp_layer == "swiglu_packed":
+            h *= 2
+        if self.mlp_align_to:
+            h += -h % self.mlp_align_to
+        return h
 
     @property
     def num_features(self) -> int:
@@ -183,7 +301,9 @@ class ViTConfig:
 
     @property
     def uses_fc_norm(self) -> bool:
-        return self.global_pool in ("avg", "avgmax", "max") if self.fc_norm is None else self.fc_norm
+        if self.fc_norm is not None:
+            return self.fc_norm
+        return self.global_pool == "avg" if self.family != "vit" else self.global_pool in ("avg", "avgmax", "max")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -6,6 +6,10 @@ Three conventions exist and they give different numbers, so the method is always
   PyTorch's antialiased bicubic uses another cubic kernel, so it differs from plain bicubic even when upsampling.
 - ``bicubic``: the original ``resize_pos_embed`` walk-through, bicubic without antialias.
 - ``bilinear``: timm's loader for the original JAX ``.npz`` checkpoints, bilinear without antialias.
+
+NaFlexViT resamples its stored grid (16 x 16 for SigLIP2, 128 x 128 for C-RADIO) with two more: ``bilinear-antialias``
+(SigLIP2) and ``bilinear-corners`` (bilinear with align_corners, C-RADIO v3 base and huge). C-RADIO keeps the aspect
+ratio (`square`): it resamples to a square of the grid's longer side and keeps its top-left corner.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from ..errors import VitexportError
 if TYPE_CHECKING:
     import torch
 
-# name -> (torch interpolation mode, antialias)
+# name -> (torch interpolation mode, antialias, align_corners)
 INTERPOLATIONS = {
-    "bicubic-antialias": ("bicubic", True),
-    "bicubic": ("bicubic", False),
-    "bilinear": ("bilinear", False),
+    "bicubic-antialias": ("bicubic", True, False),
+    "bicubic": ("bicubic", False, False),
+    "bilinear": ("bilinear", False, False),
+    "bilinear-antialias": ("bilinear", True, False),
+    "bilinear-corners": ("bilinear", False, True),
 }
 DEFAULT_INTERPOLATION = "bicubic-antialias"
 
@@ -41,6 +47,7 @@ def resample_pos_embed(
     num_prefix_tokens: int = 1,
     old_grid: tuple[int, int] | None = None,
     method: str = DEFAULT_INTERPOLATION,
+    square: bool = False,
 ) -> "torch.Tensor":
     """(1, prefix + Ho*Wo, D) -> (1, prefix + Hn*Wn, D); the prefix (class) tokens are kept as they are."""
     if method not in INTERPOLATIONS:
@@ -49,22 +56,27 @@ def resample_pos_embed(
     old_grid = old_grid or infer_grid(pos_embed.shape[1] - num_prefix_tokens)
     if tuple(old_grid) == tuple(new_grid):
         return pos_embed
-    return interpolate_pos_embed(pos_embed, new_grid, num_prefix_tokens, old_grid, method)
+    return interpolate_pos_embed(pos_embed, new_grid, num_prefix_tokens, old_grid, method, square)
 
 
 def interpolate_pos_embed(pos_embed: "torch.Tensor", new_grid: tuple, num_prefix_tokens: int,
-                          old_grid: tuple[int, int], method: str) -> "torch.Tensor":
+                          old_grid: tuple[int, int], method: str, square: bool = False) -> "torch.Tensor":
     """resample_pos_embed without its same-size shortcut, so that `new_grid` may be symbolic (a dynamic-size
-    export: the Resize runs in the graph, identity at the stored grid, as timm's dynamic_img_size does)."""
+    export: the Resize runs in the graph, identity at the stored grid, as timm's dynamic_img_size does).
+    square: resample to (L, L), L the longer side of `new_grid`, and keep the top-left new_grid (NaFlexViT's
+    aspect-ratio preserving resampling)."""
     import torch
     import torch.nn.functional as F
 
-    mode, antialias = INTERPOLATIONS[method]
+    mode, antialias, corners = INTERPOLATIONS[method]
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]  # (1, p, D), (1, Ho*Wo, D)
     D = grid.shape[-1]
     dtype = grid.dtype
     grid = grid.float().reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2)  # (1, D, Ho, Wo)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
+    size = (max(new_grid), max(new_grid)) if square else tuple(new_grid)
+    grid = F.interpolate(grid, size=size, mode=mode, align_corners=corners, antialias=antialias)
+    if square:
+        grid = grid[:, :, :new_grid[0], :new_grid[1]]  # (1, D, Hn, Wn)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, D).to(dtype)  # (1, Hn*Wn, D)
     return torch.cat([prefix, grid], dim=1)
 

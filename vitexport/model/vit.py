@@ -13,18 +13,17 @@ Shapes use B = batch, N = tokens, D = embed dim.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from .base import TransformerBase, embed_tokens
 from .config import ViTConfig
 from .layers.attention import Attention
 from .layers.blocks import BLOCK_LAYERS, Block, BlockArgs, DropPath, LayerScale
 from .layers.mlp import Mlp
 from .layers.norm import act_factory, norm_factory
 from .layers.patch import PatchEmbed
-from .layers.pool import AttentionPoolLatent, global_pool_nlc
+from .layers.pool import AttentionPoolLatent
 from .posembed import interpolate_pos_embed
 
 
@@ -41,7 +40,7 @@ class PreLogits(nn.Module):
         return self.act(self.fc(x))
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(TransformerBase):
     """ViT: patch embedding + position embedding -> transformer blocks -> pooling -> linear head."""
 
     def __init__(self, cfg: ViTConfig | None = None, **overrides):
@@ -80,8 +79,9 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.Sequential(*[block(parts, depth=i, drop_path=dpr[i]) for i in range(cfg.depth)])
         use_fc_norm = cfg.uses_fc_norm
         self.norm = norm_layer(D) if cfg.final_norm and not use_fc_norm else nn.Identity()
-        self.attn_pool = AttentionPoolLatent(D, cfg.num_heads, cfg.mlp_ratio, norm_layer=norm_layer,
-                                             act_layer=parts.act_layer) if cfg.global_pool == "map" else None
+        self.attn_pool = AttentionPoolLatent(D, cfg.pool_heads or cfg.num_heads, cfg.pool_mlp_ratio or cfg.mlp_ratio,
+                                             norm_layer=norm_layer, act_layer=parts.act_layer) \
+            if cfg.global_pool == "map" else None
         self.fc_norm = norm_layer(D) if cfg.final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.pre_logits = PreLogits(D * (2 if cfg.global_pool == "token_avg" else 1), cfg.pre_logits_size,
@@ -91,46 +91,6 @@ class VisionTransformer(nn.Module):
         if cfg.distilled:
             self.head_dist = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
 
-    # -- initialisation (timm's scheme) -----------------------------------------------------------------------
-    def init_weights(self, seed: int = 0) -> "VisionTransformer":
-        """Deterministic timm-style init: trunc-normal(0.02) Linear weights and position embedding, zero biases,
-        every other learned tensor from the same seed (norms start at one, LayerScale at init_values)."""
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
-            nn.init.trunc_normal_(self.pos_embed, std=0.02)
-            if self.cls_token is not None:
-                nn.init.normal_(self.cls_token, std=1e-6)
-            for m in self.modules():
-                if isinstance(m, nn.Linear):
-                    nn.init.trunc_normal_(m.weight, std=0.02)
-                    if m.bias is not None:
-                        nn.init.zeros_(m.bias)
-                elif isinstance(m, nn.Conv2d):
-                    # lecun normal (timm's 'jax' scheme for the patch conv), so every tensor comes from the seed
-                    fan_in = m.in_channels * m.kernel_size[0] * m.kernel_size[1]
-                    nn.init.trunc_normal_(m.weight, std=math.sqrt(1.0 / fan_in))
-                    if m.bias is not None:
-                        nn.init.zeros_(m.bias)
-            # parts the classic ViT lacks come after, so its random weights stay what they were
-            for name, p in self.named_parameters():
-                leaf = name.rsplit(".", 1)[-1]
-                if leaf in ("reg_token", "dist_token"):
-                    nn.init.normal_(p, std=1e-6 if leaf == "reg_token" else 0.02)
-                elif leaf == "latent":
-                    nn.init.trunc_normal_(p, std=p.shape[-1] ** -0.5)
-                elif leaf.startswith("lambda_"):
-                    nn.init.normal_(p, std=0.1)
-        finally:
-            torch.random.set_rng_state(gen_state)
-        return self
-
-    def set_fused_attn(self, enabled: bool) -> None:
-        """PyTorch's fused attention kernel (eager) or the explicit MatMul/Softmax form (what is exported)."""
-        for m in self.modules():
-            if hasattr(m, "fused_attn"):
-                m.fused_attn = enabled
-
     # -- forward ------------------------------------------------------------------------------------------
     def _pos_embed(self, x: torch.Tensor, grid: tuple | None = None) -> torch.Tensor:
         """Add the position embedding (resampled to `grid` when given) and, before or after it, prepend the prefix
@@ -138,19 +98,10 @@ class VisionTransformer(nn.Module):
         pos_embed = self.pos_embed
         if grid is not None:
             prefix = 0 if self.no_embed_class else self.num_prefix_tokens
-            pos_embed = interpolate_pos_embed(pos_embed, grid, prefix, self.pos_grid, self.cfg.pos_embed_interp)
-        B = x.shape[0]
-        prefix_tokens = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token)
-                         if t is not None]  # each (B, n, D)
-        if self.no_embed_class:
-            x = x + pos_embed  # (B, N, D)
-            if prefix_tokens:
-                x = torch.cat(prefix_tokens + [x], dim=1)  # (B, prefix+N, D)
-        else:
-            if prefix_tokens:
-                x = torch.cat(prefix_tokens + [x], dim=1)  # (B, prefix+N, D)
-            x = x + pos_embed
-        return self.pos_drop(x)
+            pos_embed = interpolate_pos_embed(pos_embed, grid, prefix, self.pos_grid, self.cfg.pos_embed_interp,
+                                              self.cfg.pos_embed_square)
+        prefix_tokens = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        return self.pos_drop(embed_tokens(x, prefix_tokens, pos_embed, self.no_embed_class))
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         grid = None
@@ -162,34 +113,11 @@ class VisionTransformer(nn.Module):
         x = self.blocks(x)
         return self.norm(x)  # (B, prefix+N, D)
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, prefix+N, D) -> (B, D)."""
-        if self.attn_pool is not None:
-            return self.attn_pool(x if self.cfg.pool_include_prefix else x[:, self.num_prefix_tokens:])
-        return global_pool_nlc(x, self.global_pool, self.num_prefix_tokens, self.cfg.pool_include_prefix)
-
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.cfg.distilled:  # the class and distillation tokens, each through its own head, averaged
             x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # (B, D) each
             return (x + x_dist) / 2 if pre_logits else (self.head(x) + self.head_dist(x_dist)) / 2
-        x = self.fc_norm(self.pool(x))
-        x = self.pre_logits(self.head_drop(x))  # (B, num_features)
-        return x if pre_logits else self.head(x)  # (B, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+        return super().forward_head(x, pre_logits)
 
 
-def build_model(cfg: ViTConfig, seed: int = 0) -> VisionTransformer:
-    """A model in eval mode with deterministic weights (overwrite them with a checkpoint to use it)."""
-    return VisionTransformer(cfg).init_weights(seed).eval()
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-__all__ = [
-    "Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "ViTConfig", "VisionTransformer",
-    "build_model", "count_params",
-]
+__all__ = ["Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "ViTConfig", "VisionTransformer"]

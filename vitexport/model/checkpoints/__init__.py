@@ -7,7 +7,8 @@ ViTConfig fields its tensors decide (`fields`: a pooler, a projection, registers
 - `timm`: timm state dicts (`.pth`/`.pt`/`.bin` read with `weights_only`, or `.safetensors`);
 - `jax`: the original JAX `.npz` files of google-research/vision_transformer;
 - `hf_vit`: transformers' ViT and DeiT; `hf_dinov2`: DINOv2, with and without registers; `hf_clip`: the CLIP and
-  SigLIP vision towers.
+  SigLIP vision towers;
+- `timm_naflex`: timm's NaFlexViT (its `embeds` module: a patch Linear, a position embedding at its own grid).
 
 `reading` finds and reads the raw tensors; `adapt` fits them to a model. The sizes and options of a transformers
 model come from its config.json (`model.hf_configs`), not from here.
@@ -25,20 +26,20 @@ from ...errors import VitexportError
 from ...paths import sha256_file
 from ..hub import origin
 from ..labels import checkpoint_labels
-from . import hf_dinov2, hf_vit, jax, timm
+from . import hf_dinov2, hf_vit, jax, timm, timm_naflex
 from .adapt import adapt_state_dict, describe_checkpoint, load_into
 from .common import StateDict
 from .hf_clip import CLIP, SIGLIP
 from .reading import WEIGHT_FILES, read_raw, resolve_weights
 
 # tried in this order: the first whose `matches` holds converts the file (timm last: the others' names are unlike it)
-FORMATS: tuple[Any, ...] = (jax, CLIP, SIGLIP, hf_dinov2, hf_vit, timm)
+FORMATS: tuple[Any, ...] = (jax, CLIP, SIGLIP, hf_dinov2, hf_vit, timm_naflex, timm)
 
 
 @dataclass
 class Checkpoint:
     state_dict: StateDict  # timm parameter names
-    format: str  # a FORMATS module's NAME: 'timm' | 'jax' | 'hf-vit' | 'hf-dinov2' | 'hf-clip' | 'hf-siglip'
+    format: str  # a FORMATS module's NAME: 'timm' | 'timm-naflex' | 'jax' | 'hf-vit' | 'hf-dinov2' | 'hf-clip' | ...
     path: Path  # the weights file that was read
     sha256: str
     hints: dict = field(default_factory=dict)  # config facts the file carries (norm_eps, grid, labels, ...)
@@ -82,7 +83,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except KeyError as e:
         raise VitexportError(f"Checkpoint {weights} ({fmt.NAME} format) lacks tensor {e.args[0]!r}.") from None
     fields_ = fmt.fields(sd) if hasattr(fmt, "fields") else {}
-    hints: dict = {}
+    hints: dict = dict(fmt.hints(raw)) if hasattr(fmt, "hints") else {}
     if fmt.NAME.startswith("hf-"):
         hints.update(_transformers_hints(config))
     if names := checkpoint_labels(config):

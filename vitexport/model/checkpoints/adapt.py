@@ -1,15 +1,18 @@
-"""Putting a converted checkpoint into a model: resize the position embedding to the model's grid, drop a head of
-another class count, and name every tensor that does not fit in one error."""
+"""Putting a converted checkpoint into a model: resize the position embedding (and BEiT's relative position bias
+tables) to the model's grid, drop a head of another class count, and name every tensor that does not fit in one
+error."""
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from typing import TYPE_CHECKING
 
 from ...errors import VitexportError
+from ..base import TransformerBase
+from ..layers.relpos import EXTRA_TOKENS, resize_table
 from ..posembed import resample_pos_embed
-from ..vit import VisionTransformer
 from .common import StateDict
 
 if TYPE_CHECKING:
@@ -27,7 +30,7 @@ def describe_checkpoint(sd: StateDict) -> str:
 
 def adapt_state_dict(
     sd: StateDict,
-    model: VisionTransformer,
+    model: TransformerBase,
     pos_embed_interp: str,
     old_grid: tuple[int, int] | None = None,
 ) -> tuple[StateDict, list[str]]:
@@ -40,15 +43,17 @@ def adapt_state_dict(
     sd = dict(sd)
     target = model.state_dict()
     grid = model.pos_grid  # the model's own grid, or a dynamic-size model's stored one
-    if "pos_embed" in sd and sd["pos_embed"].shape != target["pos_embed"].shape or (
-            old_grid and tuple(old_grid) != grid and "pos_embed" in sd):
+    if "pos_embed" in sd and "pos_embed" in target and (sd["pos_embed"].shape != target["pos_embed"].shape or (
+            old_grid and tuple(old_grid) != grid)):
         prefix = 0 if model.no_embed_class else model.num_prefix_tokens
         pe = sd["pos_embed"]
         if pe.ndim == 2:
             pe = pe.unsqueeze(0)
         if pe.shape[-1] == target["pos_embed"].shape[-1]:
-            sd["pos_embed"] = resample_pos_embed(pe, grid, prefix, old_grid, pos_embed_interp)
+            sd["pos_embed"] = resample_pos_embed(pe, grid, prefix, old_grid, pos_embed_interp,
+                                                 model.cfg.pos_embed_square)
             notes.append(f"Resized the position embedding to a {grid[0]}x{grid[1]} grid ({pos_embed_interp}).")
+    _resize_rel_pos_tables(sd, target, grid, notes)
     head_w = sd.get("head.weight")
     if head_w is not None and "head.weight" not in target:
         notes.append("num_classes is 0: dropped the checkpoint's head; the model outputs features.")
@@ -77,13 +82,31 @@ def adapt_state_dict(
     return sd, notes
 
 
+def _resize_rel_pos_tables(sd: StateDict, target: StateDict, grid: tuple[int, int], notes: list[str]) -> None:
+    """BEiT's relative position bias tables trained at another window -> the model's window, as timm's checkpoint
+    filter resamples them (a square trained window, unless the table already has the model's size)."""
+    resized = 0
+    for k, v in list(sd.items()):
+        if not k.endswith("relative_position_bias_table") or k not in target or v.shape == target[k].shape:
+            continue
+        side = math.isqrt(int(v.shape[0]) - EXTRA_TOKENS)
+        if side * side != v.shape[0] - EXTRA_TOKENS or side % 2 == 0 or v.ndim != 2 or \
+                v.shape[1] != target[k].shape[1]:
+            continue  # not a table of a square window: named as mis-shaped below
+        sd[k] = resize_table(v, ((side + 1) // 2, (side + 1) // 2), grid)
+        resized += 1
+    if resized:
+        notes.append(f"Resized {resized} relative position bias table{'s' if resized > 1 else ''} to a "
+                     f"{grid[0]}x{grid[1]} grid (BEiT's geometric resampling).")
+
+
 def _drop_heads(sd: StateDict) -> None:
     """The classifier and, for a distilled DeiT, the distillation head."""
     for k in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):
         sd.pop(k, None)
 
 
-def load_into(model: VisionTransformer, ckpt: "Checkpoint", pos_embed_interp: str) -> list[str]:
+def load_into(model: TransformerBase, ckpt: "Checkpoint", pos_embed_interp: str) -> list[str]:
     """Load a checkpoint into a model in place; returns warnings for the user."""
     sd, notes = adapt_state_dict(ckpt.state_dict, model, pos_embed_interp, ckpt.hints.get("grid"))
     with warnings.catch_warnings():

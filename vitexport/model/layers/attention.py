@@ -1,6 +1,13 @@
 """Multi-head self-attention: ``attn`` (one fused qkv projection, optional q/k norm and a norm before the output
 projection) and ``diff`` (differential attention: two softmax maps subtracted, scaled by a learned lambda).
 
+`Attention` also takes what the RoPE and relative-position ViTs (EVA, DINOv3, BEiT, ...; `model/eva.py`,
+`model/beit.py`) add, each as timm names its tensors: separate q/k/v projections (`qkv_fused=False`); biases on the
+query and the value only (`k_bias=False`: EVA and BEiT learn no key bias, timm's `q_bias`/`v_bias`); fewer key/value
+heads than query heads (grouped-query attention, `num_kv_heads`); a RoPE table rotating q and k past the prefix
+tokens (`forward(x, rope=...)`); and an additive bias on the attention logits (BEiT's relative position bias, its
+own table `relative_position_bias_table` per block, or a shared one passed in as `attn_bias`).
+
 `fused_attn` picks PyTorch's fused kernel (eager) or the explicit MatMul -> Softmax -> MatMul form, which is what
 the export writes (`VisionTransformer.set_fused_attn(False)`): the form every runtime and quantizer understands.
 """
@@ -16,45 +23,108 @@ from torch import nn
 
 from ...errors import VitexportError
 from .norm import RmsNorm
+from .relpos import RelPosGrid, table_size
+from .rope import apply_rope
 
 NormFactory = Callable[[int], nn.Module]
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, fused: bool) -> torch.Tensor:
-    """softmax(q k^T * scale) v over (B, H, Nq, hd) x (B, H, Nk, hd) -> (B, H, Nq, hd)."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, fused: bool,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) v over (B, H, Nq, hd) x (B, H, Nk, hd) -> (B, H, Nq, hd)."""
     if fused:
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     attn = (q * scale) @ k.transpose(-2, -1)  # (B, H, Nq, Nk)
+    if bias is not None:
+        attn = attn + bias
     return attn.softmax(dim=-1) @ v
 
 
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, Hkv, N, hd) -> (B, Hkv * groups, N, hd): query head h reads key/value head h // groups."""
+    if groups == 1:
+        return x
+    B, H, N, hd = x.shape
+    return x[:, :, None].expand(B, H, groups, N, hd).reshape(B, H * groups, N, hd)
+
+
 class Attention(nn.Module):
-    """qkv -> per-head attention -> (norm) -> proj."""
+    """qkv (one GEMM or three) -> per-head q/k norm -> RoPE -> attention (+ bias) -> (norm) -> proj."""
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
                  scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 norm_layer: NormFactory | None = None, depth: int = 0):
+                 norm_layer: NormFactory | None = None, depth: int = 0, qkv_fused: bool = True, k_bias: bool = True,
+                 num_kv_heads: int | None = None, rotate_half: bool = False, num_prefix_tokens: int = 0,
+                 rel_pos_window: tuple[int, int] | None = None):
         super().__init__()
         if dim % num_heads != 0:
             raise VitexportError(f"Embedding width {dim} is not divisible by {num_heads} heads.")
-        self.num_heads = num_heads
+        kv_heads = num_kv_heads or num_heads
+        if num_heads % kv_heads != 0:
+            raise VitexportError(f"{num_heads} attention heads do not split into groups of {kv_heads} key/value heads.")
+        self.num_heads, self.num_kv_heads = num_heads, kv_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.rotate_half, self.num_prefix_tokens = rotate_half, num_prefix_tokens
+        kv_dim = self.head_dim * kv_heads
+        self.qkv = self.q_proj = self.k_proj = self.v_proj = None
+        self.q_bias = self.v_bias = None
+        if qkv_fused:
+            if kv_heads != num_heads:
+                raise VitexportError("Grouped-query attention (num_kv_heads) needs separate q/k/v projections.")
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias and k_bias)
+            if qkv_bias and not k_bias:  # EVA's and BEiT's: learned q and v biases, a key bias of zeros
+                self.q_bias = nn.Parameter(torch.zeros(dim))
+                self.register_buffer("k_bias", torch.zeros(dim), persistent=False)
+                self.v_bias = nn.Parameter(torch.zeros(dim))
+        else:
+            self.q_proj = nn.Linear(dim, dim, bias=qkv_bias)
+            self.k_proj = nn.Linear(dim, kv_dim, bias=qkv_bias and k_bias)
+            self.v_proj = nn.Linear(dim, kv_dim, bias=qkv_bias)
         self.q_norm = norm_layer(self.head_dim) if qk_norm and norm_layer else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm and norm_layer else nn.Identity()
+        self.rel_pos_window = rel_pos_window
+        if rel_pos_window is not None:  # BEiT: a learned bias per relative offset and head, at the trained window
+            self.relative_position_bias_table = nn.Parameter(torch.zeros(table_size(rel_pos_window), num_heads))
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = norm_layer(dim) if scale_norm and norm_layer else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
         self.fused_attn = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, N, D) -> q (B, H, N, hd), k and v (B, Hkv, N, hd)."""
+        B, N, _ = x.shape
+        if self.qkv is not None:
+            if self.q_bias is not None:
+                qkv = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+            else:
+                qkv = self.qkv(x)
+            q, k, v = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            return q, k, v
+        q = self.q_proj(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).reshape(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
+                rel_pos: RelPosGrid | None = None) -> torch.Tensor:
+        """x (B, N, D); rope: the RoPE table of the patch grid; attn_bias: added to the logits (B or 1, H, N, N);
+        rel_pos: the patch grid's relative positions, which this attention's own bias table is read at."""
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, hd)
-        q, k, v = qkv.unbind(0)  # each (B, H, N, hd)
+        q, k, v = self.project(x)  # (B, H, N, hd), (B, Hkv, N, hd) x 2
         q, k = self.q_norm(q), self.k_norm(k)
-        x = attend(q, k, v, self.scale, self.fused_attn)  # (B, H, N, hd)
+        if rope is not None:  # the patch tokens' queries and keys rotated by their positions
+            q = apply_rope(q, rope, self.rotate_half, self.num_prefix_tokens)
+            k = apply_rope(k, rope, self.rotate_half, self.num_prefix_tokens)
+        groups = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+        if self.rel_pos_window is not None:
+            if rel_pos is None:
+                raise ValueError("an attention with a relative position bias table needs the grid's rel_pos")
+            own = rel_pos.bias(self.relative_position_bias_table)  # (1, H, N, N)
+            attn_bias = own if attn_bias is None else own + attn_bias
+        x = attend(q, k, v, self.scale, self.fused_attn, attn_bias)  # (B, H, N, hd)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, N, D)
         return self.proj_drop(self.proj(self.norm(x)))
 

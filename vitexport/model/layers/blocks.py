@@ -7,6 +7,14 @@
 - ``diff_parallel_scaling``: the same with differential attention and one fused output projection;
 - ``parallel_things``: two attention branches summed, then two MLP branches summed ("Three things everyone should
   know about ViTs").
+
+The RoPE and relative-position ViTs (`model/eva.py`, `model/beit.py`) use two more, with timm's EVA names (the
+LayerScale as the block's own `gamma_1`/`gamma_2`), both passing the grid's RoPE table, a shared attention bias and
+the relative positions on to their attention:
+
+- ``EvaBlock``: pre-norm as ``block`` (LayerScale on the attention branch only with `attn_only_layer_scale`:
+  Sapiens2);
+- ``EvaPostNormBlock``: post-norm on the branch, as ``res_post`` (EVA02-enormous).
 """
 
 from __future__ import annotations
@@ -68,16 +76,29 @@ class BlockArgs:
     attn_layer: str
     proj_drop: float = 0.0
     attn_drop: float = 0.0
+    # what the RoPE and relative-position ViTs add (the defaults are the classic ViT's)
+    hidden_features: int | None = None  # the MLP's hidden width; None: int(dim * mlp_ratio)
+    qkv_fused: bool = True  # one qkv GEMM, or q/k/v projections of their own
+    k_bias: bool = True  # False: q and v biases only (EVA, BEiT)
+    num_kv_heads: tuple[int | None, ...] | None = None  # per block: key/value heads (grouped-query attention)
+    rotate_half: bool = False  # the RoPE layout
+    num_prefix_tokens: int = 0  # tokens RoPE leaves unrotated
+    rel_pos_window: tuple[int, int] | None = None  # each block's own relative position bias table, at this window
+    attn_only_layer_scale: bool = False
 
     @property
     def hidden(self) -> int:
-        return int(self.dim * self.mlp_ratio)
+        return self.hidden_features if self.hidden_features is not None else int(self.dim * self.mlp_ratio)
 
     def attention(self, depth: int) -> nn.Module:
+        extra = {} if self.attn_layer != "attn" else dict(
+            qkv_fused=self.qkv_fused, k_bias=self.k_bias, rotate_half=self.rotate_half,
+            num_kv_heads=self.num_kv_heads[depth] if self.num_kv_heads else None,
+            num_prefix_tokens=self.num_prefix_tokens, rel_pos_window=self.rel_pos_window)
         return ATTN_LAYERS[self.attn_layer](
             self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
             scale_norm=self.scale_attn_norm, proj_bias=self.proj_bias, attn_drop=self.attn_drop,
-            proj_drop=self.proj_drop, norm_layer=self.norm_layer, depth=depth)
+            proj_drop=self.proj_drop, norm_layer=self.norm_layer, depth=depth, **extra)
 
     def mlp(self) -> nn.Module:
         return MLP_LAYERS[self.mlp_layer](
@@ -219,6 +240,52 @@ class ParallelThingsBlock(nn.Module):
         x = x + torch.stack([attn(x) for attn in self.attns]).sum(dim=0)  # (B, N, D)
         return x + torch.stack([ffn(x) for ffn in self.ffns]).sum(dim=0)
 
+
+class EvaBlock(nn.Module):
+    """Pre-norm, x + gamma_1 * attn(norm1(x), rope), then x + gamma_2 * mlp(norm2(x)) (timm's EvaBlock and BEiT's
+    Block); without init_values there is no LayerScale, with attn_only_layer_scale only gamma_1."""
+
+    def __init__(self, a: BlockArgs, depth: int = 0, drop_path: float = 0.0):
+        super().__init__()
+        self.norm1 = a.norm_layer(a.dim)
+        self.attn = a.attention(depth)
+        has_ls = a.init_values is not None
+        self.gamma_1 = nn.Parameter(a.init_values * torch.ones(a.dim)) if has_ls else None
+        self.drop_path1 = _drop_path(drop_path)
+        self.norm2 = a.norm_layer(a.dim)
+        self.mlp = a.mlp()
+        self.gamma_2 = nn.Parameter(a.init_values * torch.ones(a.dim)) if has_ls and not a.attn_only_layer_scale \
+            else None
+        self.drop_path2 = _drop_path(drop_path)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
+                rel_pos=None) -> torch.Tensor:
+        y = self.attn(self.norm1(x), rope=rope, attn_bias=attn_bias, rel_pos=rel_pos)  # (B, N, D)
+        x = x + self.drop_path1(y if self.gamma_1 is None else self.gamma_1 * y)
+        y = self.mlp(self.norm2(x))
+        return x + self.drop_path2(y if self.gamma_2 is None else self.gamma_2 * y)  # (B, N, D)
+
+
+class EvaPostNormBlock(nn.Module):
+    """Post-norm on the branch: x + norm1(attn(x, rope)), then x + norm2(mlp(x)) (timm's EvaBlockPostNorm)."""
+
+    def __init__(self, a: BlockArgs, depth: int = 0, drop_path: float = 0.0):
+        super().__init__()
+        self.attn = a.attention(depth)
+        self.norm1 = a.norm_layer(a.dim)
+        self.drop_path1 = _drop_path(drop_path)
+        self.mlp = a.mlp()
+        self.norm2 = a.norm_layer(a.dim)
+        self.drop_path2 = _drop_path(drop_path)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
+                rel_pos=None) -> torch.Tensor:
+        x = x + self.drop_path1(self.norm1(self.attn(x, rope=rope, attn_bias=attn_bias, rel_pos=rel_pos)))
+        return x + self.drop_path2(self.norm2(self.mlp(x)))  # (B, N, D)
+
+
+# the blocks of the RoPE / relative-position families, by the same block_fn names
+EVA_BLOCK_LAYERS: dict[str, type[nn.Module]] = {"block": EvaBlock, "res_post": EvaPostNormBlock}
 
 BLOCK_LAYERS: dict[str, type[nn.Module]] = {
     "block": Block, "res_post": ResPostBlock, "parallel_scaling": ParallelScalingBlock,

@@ -1,0 +1,259 @@
+"""The RoPE and relative-position families option by option against timm's own classes with the same weights:
+`Eva` (EVA, EVA02, DINOv3, PE, the RoPE ViTs, Sapiens2), `Beit` and `NaFlexVit` on image tensors. Each option is
+set alone on a tiny model (a 3 x 2 patch grid: RoPE's axes and BEiT's offsets cannot be swapped unseen) and
+translated by the same rules as the architecture table (`vitexport.model.timm_args`); the combinations the registry
+uses are tests/test_archs.py's. Then the same weights at other sizes: a checkpoint loaded at a new fixed size, and a
+dynamic-size model at two sizes, one of them non-square, against timm's model at those sizes."""
+
+from functools import partial
+
+import pytest
+import timm
+import torch
+from conftest import load_script
+from test_archs import assert_same_as_timm, perturbed
+from timm.layers import LayerNorm, RmsNorm
+from timm.models.beit import Beit as TimmBeit
+from timm.models.eva import Eva as TimmEva
+from timm.models.naflexvit import NaFlexVit
+
+from vitexport.errors import VitexportError
+from vitexport.model.build import build_model
+from vitexport.model.checkpoints import Checkpoint, detect_format, load_into
+from vitexport.model.config import ViTConfig
+
+TINY = dict(embed_dim=96, num_heads=4, depth=2, num_classes=5, img_size=(48, 32), patch_size=16)
+
+
+def translated(kwargs: dict, module: str) -> ViTConfig:
+    """timm's arguments -> our config, by the generator's own translation (parts as names)."""
+    fields = load_script("gen_timm_archs").normalise(kwargs, module)
+    assert "unsupported" not in fields, fields
+    return ViTConfig(**fields)
+
+
+EVA_OPTIONS = {
+    "abs_pos_only": dict(),
+    "rope_cat": dict(use_rot_pos_emb=True),
+    "rope_cat_ref_grid": dict(use_rot_pos_emb=True, ref_feat_shape=(16, 16)),
+    "rope_cat_xy_offset": dict(use_rot_pos_emb=True, rope_grid_indexing="xy", rope_grid_offset=1.0,
+                               ref_feat_shape=(7, 5)),
+    "rope_cat_half_temperature": dict(use_rot_pos_emb=True, rope_rotate_half=True, rope_temperature=100.0),
+    "rope_dinov3": dict(use_rot_pos_emb=True, rope_type="dinov3", rope_temperature=100, rope_rotate_half=True,
+                        use_abs_pos_emb=False),
+    "rope_dinov3_interleaved_xy": dict(use_rot_pos_emb=True, rope_type="dinov3", rope_grid_indexing="xy"),
+    "rope_mixed": dict(use_rot_pos_emb=True, rope_type="mixed", attn_type="rope", rope_grid_indexing="xy",
+                       rope_temperature=10.0, use_abs_pos_emb=False, global_pool="token"),
+    "rope_ape_no_embed_class": dict(use_rot_pos_emb=True, attn_type="rope", no_embed_class=True),
+    "attn_rope_fused": dict(use_rot_pos_emb=True, attn_type="rope"),
+    "qkv_separate": dict(qkv_fused=False),
+    "qkv_separate_rope_attn": dict(qkv_fused=False, attn_type="rope"),
+    "no_qkv_bias": dict(qkv_bias=False),
+    "gqa": dict(use_rot_pos_emb=True, rope_type="dinov3", attn_type="rope", qkv_fused=False, num_kv_heads=2),
+    "gqa_per_block": dict(use_rot_pos_emb=True, attn_type="rope", qkv_fused=False, num_kv_heads=(1, 4)),
+    "swiglu_packed": dict(swiglu_mlp=True, mlp_ratio=2.6666666666666665),
+    "swiglu_scale_mlp": dict(swiglu_mlp=True, scale_mlp=True, mlp_ratio=2.6666666666666665),
+    "swiglu_align": dict(swiglu_mlp=True, swiglu_align_to=64, mlp_ratio=2.5),
+    "scale_mlp_plain": dict(scale_mlp=True),
+    "scale_attn_inner": dict(scale_attn_inner=True),
+    "post_norm": dict(use_post_norm=True, use_rot_pos_emb=True),
+    "pre_transformer_norm": dict(use_pre_transformer_norm=True),
+    "no_post_norm_no_fc_norm": dict(use_post_transformer_norm=False, use_fc_norm=False),
+    "token_pool": dict(global_pool="token"),
+    "map_pool": dict(global_pool="map", attn_pool_num_heads=2, attn_pool_mlp_ratio=2.0, attn_type="rope",
+                     use_rot_pos_emb=True, use_pre_transformer_norm=True),
+    "no_pool": dict(global_pool="", num_classes=0),
+    "registers_no_class": dict(class_token=False, num_reg_tokens=2, use_rot_pos_emb=True),
+    "registers_and_class": dict(num_reg_tokens=3, use_rot_pos_emb=True, rope_type="dinov3", use_abs_pos_emb=False),
+    "layer_scale": dict(init_values=0.1),
+    "attn_only_layer_scale": dict(init_values=0.5, attn_only_layer_scale=True),
+    "qk_norm_rmsnorm": dict(qk_norm=True, norm_layer=partial(RmsNorm, eps=1e-6)),
+    "layernorm_eps": dict(norm_layer=partial(LayerNorm, eps=1e-5)),
+}
+
+
+@pytest.mark.parametrize("option", list(EVA_OPTIONS))
+def test_each_eva_option_matches_timm(option):
+    kwargs = {**TINY, **EVA_OPTIONS[option]}
+    torch.manual_seed(0)
+    ref = TimmEva(**kwargs)
+    cfg = translated(kwargs, "eva")
+    assert cfg.family == "eva"
+    assert_same_as_timm(ref, cfg)
+
+
+BEIT_OPTIONS = {
+    "rel_pos_per_block": dict(use_abs_pos_emb=False, use_rel_pos_bias=True, init_values=0.1),
+    "rel_pos_shared": dict(use_abs_pos_emb=False, use_shared_rel_pos_bias=True),
+    "abs_pos": dict(use_abs_pos_emb=True),
+    "abs_and_rel_pos": dict(use_abs_pos_emb=True, use_rel_pos_bias=True),
+    "swiglu": dict(use_rel_pos_bias=True, swiglu_mlp=True),
+    "scale_mlp": dict(use_rel_pos_bias=True, scale_mlp=True),
+    "token_pool": dict(use_rel_pos_bias=True, global_pool="token"),
+    "token_pool_fc_norm": dict(use_rel_pos_bias=True, global_pool="token", use_fc_norm=True),
+    "no_qkv_bias": dict(use_rel_pos_bias=True, qkv_bias=False),
+}
+
+
+@pytest.mark.parametrize("option", list(BEIT_OPTIONS))
+def test_each_beit_option_matches_timm(option):
+    kwargs = {**TINY, **BEIT_OPTIONS[option]}
+    torch.manual_seed(0)
+    ref = TimmBeit(**kwargs)
+    cfg = translated(kwargs, "beit")
+    assert cfg.family == "beit"
+    assert_same_as_timm(ref, cfg)
+
+
+NAFLEX_OPTIONS = {
+    "learned_bicubic": dict(pos_embed_grid_size=(4, 4), reg_tokens=2, global_pool="avg"),
+    "learned_bilinear_antialias": dict(pos_embed_interp_mode="bilinear", pos_embed_grid_size=(2, 5)),
+    "learned_corners_square": dict(pos_embed_interp_mode="bilinear", pos_embed_antialias=False,
+                                   pos_embed_align_corners=True, pos_embed_ar_preserving=True,
+                                   pos_embed_grid_size=(8, 8), class_token=True, reg_tokens=3, global_pool="token",
+                                   final_norm=False, init_values=1e-5),
+    "learned_same_grid": dict(pos_embed_grid_size=(3, 2)),
+    "factorized": dict(pos_embed="factorized", pos_embed_grid_size=(5, 4), pos_embed_ar_preserving=True,
+                       reg_tokens=1, global_pool="avg", fc_norm=True),
+    "factorized_downsample": dict(pos_embed="factorized", pos_embed_grid_size=(6, 6)),
+    "conv_embed": dict(embed_proj_type="conv", pos_embed_grid_size=(4, 4)),
+    "map_gelu_tanh": dict(act_layer="gelu_tanh", global_pool="map", attn_pool_num_heads=2),
+}
+
+
+@pytest.mark.parametrize("option", list(NAFLEX_OPTIONS))
+def test_each_naflex_option_matches_timm_on_images(option):
+    """NaFlexVit on an image tensor: its patch Linear, position embedding grid and resampling as the reference
+    ViT's patch convolution and an embedding resampled once to the model's grid."""
+    kwargs = dict(embed_dim=96, num_heads=4, depth=2, **NAFLEX_OPTIONS[option])
+    torch.manual_seed(0)
+    ref = NaFlexVit(num_classes=5, **kwargs)
+    cfg = translated({**kwargs, "num_classes": 5, "img_size": [48, 32]}, "naflexvit")
+    assert cfg.family == "vit" and cfg.no_embed_class
+    assert_same_as_timm(ref, cfg)
+
+
+# -- other sizes -----------------------------------------------------------------------------------------------------
+
+def _fixed_size_ref(cls, kwargs: dict, size: tuple[int, int], module):
+    """timm's model at `size` with the weights of the model at TINY's size, as timm loads a checkpoint at another size
+    (its checkpoint_filter_fn: the position embedding and BEiT's tables resampled)."""
+    torch.manual_seed(0)
+    src = perturbed(cls(**kwargs))
+    ref = cls(**{**kwargs, "img_size": size}).eval()
+    ref.load_state_dict(module.checkpoint_filter_fn(src.state_dict(), ref))
+    return src, ref
+
+
+@pytest.mark.parametrize("family,kwargs", [
+    ("eva", dict(use_rot_pos_emb=True, ref_feat_shape=(3, 3), swiglu_mlp=True)),  # EVA02: abs + RoPE rescaled
+    ("eva", dict(use_rot_pos_emb=True, rope_type="dinov3", use_abs_pos_emb=False, num_reg_tokens=2)),
+    ("beit", dict(use_abs_pos_emb=False, use_rel_pos_bias=True, init_values=0.1)),
+    ("beit", dict(use_abs_pos_emb=True, use_shared_rel_pos_bias=True, img_size=64)),
+])
+def test_a_checkpoint_loaded_at_another_size_is_timm_s_at_that_size(family, kwargs):
+    """Trained at a square size, as checkpoints are (timm's filters assume a square trained grid), loaded at a
+    non-square one."""
+    from timm.models import beit, eva
+
+    cls, module = (TimmEva, eva) if family == "eva" else (TimmBeit, beit)
+    kwargs = {**TINY, "img_size": 48, **kwargs}
+    size = (80, 64)
+    src, ref = _fixed_size_ref(cls, kwargs, size, module)
+    cfg = ViTConfig(**{**translated(kwargs, family).to_dict(), "img_size": size})
+    ours = build_model(cfg)
+    notes = load_into(ours, Checkpoint(src.state_dict(), "timm", None, ""), "bicubic-antialias")  # type: ignore
+    assert any("Resized" in n for n in notes) == (cfg.abs_pos_embed or bool(cfg.rel_pos_bias))
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want, got = ref(x), ours(x)
+    assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(use_rot_pos_emb=True, rope_type="dinov3", rope_rotate_half=True, use_abs_pos_emb=False, num_reg_tokens=4),
+    dict(use_rot_pos_emb=True, ref_feat_shape=(3, 2), swiglu_mlp=True, scale_mlp=True),  # EVA02
+    dict(use_rot_pos_emb=True, rope_type="mixed", attn_type="rope", rope_grid_indexing="xy", global_pool="token",
+         use_abs_pos_emb=True, no_embed_class=True),
+])
+def test_a_dynamic_size_eva_is_timm_s_dynamic_model_at_other_sizes(kwargs):
+    kwargs = {**TINY, **kwargs, "dynamic_img_size": True}
+    torch.manual_seed(0)
+    ref = perturbed(TimmEva(**kwargs))
+    cfg = translated(kwargs, "eva")
+    assert cfg.dynamic_img_size
+    ours = build_model(cfg)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    for size in ((64, 96), (80, 80)):
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            want, got = ref(x), ours(x)
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), size
+
+
+def test_naflex_at_another_size_is_timm_s_forward_at_that_size():
+    """NaFlexVit takes any image size: its embedding, stored at its own grid, resampled to the new one."""
+    kwargs = dict(embed_dim=96, num_heads=4, depth=2, pos_embed_grid_size=(4, 4), pos_embed_ar_preserving=True,
+                  pos_embed_interp_mode="bilinear", pos_embed_antialias=False, pos_embed_align_corners=True,
+                  class_token=True, global_pool="token")
+    torch.manual_seed(0)
+    ref = perturbed(NaFlexVit(num_classes=5, **kwargs))
+    raw = ref.state_dict()
+    fmt = detect_format(set(raw))
+    for size in ((96, 64), (32, 80)):
+        cfg = translated({**kwargs, "num_classes": 5, "img_size": list(size)}, "naflexvit")
+        ours = build_model(cfg)
+        load_into(ours, Checkpoint(fmt.convert(raw), fmt.NAME, None, "", fmt.hints(raw)), cfg.pos_embed_interp)
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(6))
+        with torch.no_grad():
+            want, got = ref(x), ours(x)
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), size
+
+
+# -- what cannot be built ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields,needle", [
+    (dict(family="eva", rope="cat", embed_dim=96, num_heads=16), "head size divisible by 4"),
+    (dict(family="eva", rope="mixed", rope_rotate_half=True), "interleaved"),
+    (dict(family="eva", num_kv_heads=5, num_heads=12), "does not divide"),
+    (dict(family="eva", num_kv_heads=4, num_heads=12), "separate q/k/v"),
+    (dict(family="vit", rope="cat"), "needs family='eva'"),
+    (dict(family="beit", reg_tokens=2), "one class token"),
+    (dict(family="eva", block_fn="parallel_scaling"), "not one the eva family builds"),
+    (dict(family="eva", distilled=True), "VisionTransformer option"),
+])
+def test_what_a_family_cannot_build_is_one_sentence(fields, needle):
+    with pytest.raises(VitexportError, match=needle):
+        ViTConfig(**fields)
+
+
+def test_an_option_timm_adds_later_is_named_before_anything_is_built():
+    """An argument the translation does not know (a later timm's) is kept under 'unsupported' and refused by name."""
+    from vitexport.model.archs import Architecture
+    from vitexport.model.timm_args import translate
+
+    args = translate("eva", {"embed_dim": 96, "use_rot_pos_emb": True, "rope_type": "mrope", "gated_attn": True})
+    assert set(args["unsupported"]) == {"rope_type", "gated_attn"}
+    with pytest.raises(VitexportError, match=r"eva_future needs .*rope_type=mrope"):
+        Architecture("eva_future", "eva", args, {}).config()
+
+
+@pytest.mark.parametrize("tag", ["vit_base_patch16_sapiens2.fb", "vit_small_patch16_dinov3.lvd1689m",
+                                 "eva02_base_patch14_448.mim_in22k_ft_in22k_in1k", "beitv2_base_patch16_224.in1k_ft_in1k",
+                                 "naflexvit_base_patch16_siglip.v2_webli", "vit_pe_core_small_patch16_384.fb"])
+def test_a_tag_s_preprocessing_is_timm_s_resolve_data_config(tag):
+    """Sapiens2's 1024 x 768 (non-square, squash), EVA02's squash crop, the mean and std of each family."""
+    from timm.data import resolve_data_config
+
+    from vitexport.model.archs import resolve
+
+    with torch.device("meta"):
+        model = timm.create_model(tag, pretrained=False)
+    want = resolve_data_config({}, model=model)
+    arch, t = resolve(tag)
+    pp = arch.preprocess(tag=t)
+    assert (3, *pp.input_size) == tuple(want["input_size"])
+    assert pp.mean == pytest.approx(want["mean"]) and pp.std == pytest.approx(want["std"])
+    assert (pp.crop_pct, pp.interpolation, pp.crop_mode) == (want["crop_pct"], want["interpolation"],
+                                                              want["crop_mode"])
+    assert arch.config(t).img_size == pp.input_size

@@ -1,0 +1,30 @@
+"""The model a config describes: its family's class (`vit.VisionTransformer`, `eva.Eva`, `beit.Beit`), built with
+deterministic weights."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .base import TransformerBase
+from .beit import Beit
+from .config import ViTConfig
+from .eva import Eva
+from .vit import VisionTransformer
+
+MODEL_CLASSES: dict[str, type[TransformerBase]] = {"vit": VisionTransformer, "eva": Eva, "beit": Beit}
+
+
+def model_class(cfg: ViTConfig) -> type[TransformerBase]:
+    return MODEL_CLASSES[cfg.family]
+
+
+def build_model(cfg: ViTConfig, seed: int = 0) -> TransformerBase:
+    """A model in eval mode with deterministic weights (overwrite them with a checkpoint to use it)."""
+    return model_class(cfg)(cfg).init_weights(seed).eval()
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["MODEL_CLASSES", "build_model", "count_params", "model_class"]

@@ -1,0 +1,124 @@
+"""BEiT's relative position bias: a learned bias per head for each relative offset between two patches of the grid,
+added to the attention logits, with three extra entries for the class token (class -> patch, patch -> class,
+class -> class).
+
+For a window (h, w) the table has (2h-1)(2w-1) + 3 rows, one per offset (dy, dx) in [-(h-1), h-1] x [-(w-1), w-1]
+and the three class entries, and `num_heads` columns. `relative_position_index` says which row each (query, key)
+pair of the N + 1 tokens reads; `relative_bias` gathers the (1, heads, N+1, N+1) bias from a table.
+
+A table trained at one window is used at another by resampling it (`resize_table`), as timm does when a BEiT
+checkpoint is loaded at another image size (`resize_rel_pos_bias_table`): the offsets of the trained window are
+spread over the new one along a geometric progression (BEiT's own fine-tuning code) and the table is
+interpolated linearly between them. Built from integer arithmetic and concatenation only (no in-place writes):
+exported, it is constants or Range/Gather arithmetic, never a ScatterND.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+EXTRA_TOKENS = 3  # class -> patch, patch -> class, class -> class
+
+
+def table_size(window: tuple[int, int]) -> int:
+    return (2 * window[0] - 1) * (2 * window[1] - 1) + EXTRA_TOKENS
+
+
+def relative_position_index(window: tuple) -> torch.Tensor:
+    """(N+1, N+1) int64: the table row of each (query, key) pair; the class token first. `window` may be symbolic."""
+    h, w = window
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    coords = torch.stack([ys.reshape(-1), xs.reshape(-1)])  # (2, N)
+    rel = coords[:, :, None] - coords[:, None, :]  # (2, N, N): query minus key
+    index = (rel[0] + (h - 1)) * (2 * w - 1) + (rel[1] + (w - 1))  # (N, N)
+    n = index.shape[0]
+    offsets = (2 * h - 1) * (2 * w - 1)
+    to_patches = torch.full((1, n), 1, dtype=index.dtype) * offsets  # class -> patch
+    top = torch.cat([torch.full((1, 1), 1, dtype=index.dtype) * (offsets + 2), to_patches], dim=1)  # class -> class
+    left = torch.full((n, 1), 1, dtype=index.dtype) * (offsets + 1)  # patch -> class
+    return torch.cat([top, torch.cat([left, index], dim=1)], dim=0)
+
+
+def relative_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """A table (rows, heads) read at an index (N+1, N+1) -> the logits' bias (1, heads, N+1, N+1)."""
+    n = index.shape[0]
+    bias = table[index.reshape(-1)].reshape(n, n, -1)  # (N+1, N+1, heads)
+    return bias.permute(2, 0, 1).unsqueeze(0)
+
+
+class RelPosGrid:
+    """The relative positions of one patch grid: what an attention's bias table is read at."""
+
+    def __init__(self, index: torch.Tensor):
+        self.index = index  # (N+1, N+1)
+
+    def bias(self, table: torch.Tensor) -> torch.Tensor:
+        return relative_bias(table, self.index)
+
+
+class RelativePositionBias(nn.Module):
+    """One table shared by every block (timm's `rel_pos_bias`, BEiT's use_shared_rel_pos_bias)."""
+
+    def __init__(self, window: tuple[int, int], num_heads: int):
+        super().__init__()
+        self.relative_position_bias_table = nn.Parameter(torch.zeros(table_size(window), num_heads))
+
+    def forward(self, rel_pos: RelPosGrid) -> torch.Tensor:
+        return rel_pos.bias(self.relative_position_bias_table)
+
+
+# -- a table trained at one window, used at another ---------------------------------------------------------------
+
+def _spread(src: int, dst: int) -> list[float]:
+    """Where the src offsets of the trained window lie on the new window's axis: a geometric progression whose
+    sum reaches half the new side (BEiT's `geometric_progression` search, as timm runs it)."""
+    def progression(r: float, n: int) -> float:
+        return (1.0 - r**n) / (1.0 - r)
+
+    left, right = 1.01, 1.5
+    while right - left > 1e-6:
+        q = (left + right) / 2.0
+        if progression(q, src // 2) > dst // 2:
+            right = q
+        else:
+            left = q
+    dis, cur = [], 1.0
+    for i in range(src // 2):
+        dis.append(cur)
+        cur += q ** (i + 1)
+    return [-d for d in reversed(dis)] + [0.0] + dis
+
+
+def _linear_weights(points: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(len(targets), len(points)) weights of linear interpolation between sorted `points`, constant beyond the
+    ends (timm's RegularGridInterpolator in its linear mode, one axis)."""
+    n = points.shape[0]
+    right = torch.bucketize(targets, points).clamp(max=n - 1)
+    left = (right - 1).clamp(0, n - 1)
+    d_left = (targets - points[left]).clamp(min=0)
+    d_right = (points[right] - targets).clamp(min=0)
+    both_zero = (d_left == 0) & (d_right == 0)
+    d_left = torch.where(both_zero, torch.ones_like(d_left), d_left)
+    d_right = torch.where(both_zero, torch.ones_like(d_right), d_right)
+    total = d_left + d_right
+    weights = torch.zeros(targets.shape[0], n, dtype=points.dtype)
+    rows = torch.arange(targets.shape[0])
+    weights[rows, left] += d_right / total
+    weights[rows, right] += d_left / total
+    return weights
+
+
+def resize_table(table: torch.Tensor, old_window: tuple[int, int], new_window: tuple[int, int]) -> torch.Tensor:
+    """A (rows, heads) table trained at `old_window` -> the table of `new_window` (the class entries kept)."""
+    if tuple(old_window) == tuple(new_window):
+        return table
+    src = (2 * old_window[0] - 1, 2 * old_window[1] - 1)
+    dst = (2 * new_window[0] - 1, 2 * new_window[1] - 1)
+    grid, extra = table[:-EXTRA_TOKENS].float(), table[-EXTRA_TOKENS:]
+    heads = table.shape[1]
+    wy = _linear_weights(torch.tensor(_spread(src[0], dst[0])), torch.arange(-(dst[0] // 2), dst[0] // 2 + 0.1, 1.0))
+    wx = _linear_weights(torch.tensor(_spread(src[1], dst[1])), torch.arange(-(dst[1] // 2), dst[1] // 2 + 0.1, 1.0))
+    planes = grid.T.reshape(heads, src[0], src[1])  # (heads, src_h, src_w)
+    resized = wy @ planes @ wx.T  # (heads, dst_h, dst_w)
+    return torch.cat([resized.reshape(heads, -1).T.to(table.dtype), extra], dim=0)

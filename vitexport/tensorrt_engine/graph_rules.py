@@ -1,0 +1,35 @@
+"""What no graph vitexport writes may hold: the ops TensorRT's ONNX parser refuses, or cannot use where RoPE and
+dynamic image sizes put them.
+
+Users who take RoPE ViTs to TensorRT themselves meet these: an `If` or `Loop` traced from a size test, a
+`ScatterND` built by an in-place write into a position table (TensorRT: "an IScatterLayer cannot be used to compute
+a shape tensor", baaivision/EVA#117), a `NonZero` from a mask; `Scan` has no TensorRT layer. vitexport's models
+compute their position tables with Range, arithmetic, Gather and Concat only, and every graph is checked when it is
+written (`rule_breakers`): a graph that breaks the rule is a vitexport bug, named node by node.
+"""
+
+from __future__ import annotations
+
+FORBIDDEN_OPS = ("If", "Loop", "Scan", "ScatterND", "NonZero")
+
+
+def _nodes(graph):
+    """Every node of a graph, those of its subgraphs (an If's branches, a Loop's body) included."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _nodes(attr.g)
+            for g in attr.graphs:
+                yield from _nodes(g)
+
+
+def rule_breakers(model) -> list[str]:
+    """'NAME (OP)' for each node of an ONNX ModelProto whose op is one of FORBIDDEN_OPS, in graph order."""
+    graphs = [model.graph] + [f for f in getattr(model, "functions", [])]
+    return [f"{n.name or n.output[0]} ({n.op_type})" for g in graphs for n in _nodes(g) if n.op_type in FORBIDDEN_OPS]
+
+
+def describe(breakers: list[str], limit: int = 5) -> str:
+    shown = ", ".join(breakers[:limit]) + (f" and {len(breakers) - limit} more" if len(breakers) > limit else "")
+    return f"{len(breakers)} node{'s' if len(breakers) != 1 else ''} TensorRT's parser refuses ({shown})"
