@@ -40,10 +40,23 @@ FAMILIES = [  # (pattern on ARCH.TAG, family), first match wins
     (r"\.dino$|\.dino_", "DINO"), (r"\.sam", "SAM-pretrained"), (r"\.augreg|\.orig_in21k|\.in21k", "AugReg / original"),
     (r"", "other ViTs"),
 ]
+MODULE_GROUPS = [("vision_transformer.py, deit.py", ("vision_transformer", "deit")),
+                 ("eva.py, beit.py, naflexvit.py", ("eva", "beit", "naflexvit"))]
+# eva.py, beit.py and naflexvit.py: (pattern on ARCH.TAG, family) by timm's module, first match wins
+MODULE_FAMILIES = {
+    "eva": [(r"dinov3", "DINOv3"), (r"sapiens2", "Sapiens2"), (r"lingbot", "LingBot-Vision"),
+            (r"_pe_", "Perception Encoder"), (r"rope_reg\d", "timm sbb RoPE ViTs"), (r"_rope_", "RoPE ViTs (naver)"),
+            (r"^eva02_", "EVA02"), (r"^eva_", "EVA"), (r"", "other eva.py models")],
+    "beit": [(r"", "BEiT / BEiT v2")],
+    "naflexvit": [(r"siglip", "NaFlexViT: SigLIP2"), (r"radio", "NaFlexViT: C-RADIO"), (r"", "NaFlexViT")],
+}
 
 
 def family(tag: str) -> str:
-    return next(f for pat, f in FAMILIES if re.search(pat, tag))
+    from vitexport.model.archs import resolve
+
+    table = MODULE_FAMILIES.get(resolve(tag)[0].module, FAMILIES)
+    return next(f for pat, f in table if re.search(pat, tag))
 
 
 def perturb(model, seed: int = 0, scale: float = 0.02):
@@ -57,8 +70,9 @@ def perturb(model, seed: int = 0, scale: float = 0.02):
     return model.eval()
 
 
-def lay_out_repo(cache: Path, tag: str, model) -> None:
-    """timm/<tag> in huggingface_hub's cache layout, written by timm's own hub helpers."""
+def lay_out_repo(cache: Path, tag: str, model, shard_bytes: int | None = None) -> Path:
+    """timm/<tag> in huggingface_hub's cache layout, written by timm's own hub helpers (shard_bytes: the weights in
+    shards of at most that size with their index, as huggingface_hub saves large models); the snapshot folder."""
     from safetensors.torch import save_file
     from timm.models._hub import save_config_for_hf
 
@@ -70,7 +84,14 @@ def lay_out_repo(cache: Path, tag: str, model) -> None:
     (root / "refs").mkdir()
     (root / "refs" / "main").write_text(commit)
     save_config_for_hf(model, str(snap / "config.json"))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(snap / "model.safetensors"))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if shard_bytes is None:
+        save_file(state, str(snap / "model.safetensors"))
+    else:
+        from huggingface_hub import save_torch_state_dict
+
+        save_torch_state_dict(state, str(snap), max_shard_size=shard_bytes)
+    return snap
 
 
 def run_tag(tag: str, depth: int | None, work: Path) -> dict:
@@ -81,6 +102,7 @@ def run_tag(tag: str, depth: int | None, work: Path) -> dict:
 
     from vitexport.errors import VitexportError
     from vitexport.export.run import run_export
+    from vitexport.model.archs import resolve
     from vitexport.model.spec import ExportOptions, user_spec
 
     t0 = time.time()
@@ -89,13 +111,17 @@ def run_tag(tag: str, depth: int | None, work: Path) -> dict:
     cache.mkdir()
     torch.manual_seed(0)
     kw = {} if depth is None else {"depth": depth}
+    kv = resolve(tag)[0].args.get("num_kv_heads")
+    if depth is not None and isinstance(kv, list):  # one entry per block: the first and the middle one's
+        kw["num_kv_heads"] = tuple(kv[i * len(kv) // depth] for i in range(depth))
     model = perturb(timm.create_model(tag, pretrained=False, **kw))
     lay_out_repo(cache, tag, model)
     h, w = model.pretrained_cfg["input_size"][1:]
     x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model(x).numpy()
-    result = {"tag": tag, "family": family(tag), "depth": len(model.blocks), "input": [h, w],
+    result = {"tag": tag, "family": family(tag), "module": resolve(tag)[0].module, "depth": len(model.blocks),
+              "input": [h, w],
               "params": sum(p.numel() for p in model.parameters())}
     del model
     out = work / "export"
@@ -139,13 +165,14 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
     for r in results:
         by_family.setdefault(r["family"], []).append(r)
     lines = [
-        "# Models: timm's VisionTransformer family, tag by tag",
+        "# Models: timm's vision transformers, tag by tag",
         "",
         "Made by `scripts/timm_coverage.py` (do not edit by hand). Every pretrained tag of timm's "
-        "`vision_transformer.py` and `deit.py` was built by timm with random weights (moved off their init), laid "
-        "out as timm's hub repositories are, exported by vitexport **by name** (`-m ARCH.TAG`, offline) with its "
-        "own ONNX Runtime check, and the written ONNX file was run by ONNX Runtime (CPU) against timm's PyTorch output on the same "
-        f"two random images. A tag passes when max abs <= {TOLERANCE:g} x max(1, |timm output|).",
+        "`vision_transformer.py`, `deit.py`, `eva.py`, `beit.py` and `naflexvit.py` was built by timm with random "
+        "weights (moved off their init), laid out as timm's hub repositories are, exported by vitexport **by name** "
+        "(`-m ARCH.TAG`, offline) with its own ONNX Runtime check, and the written ONNX file was run by ONNX Runtime "
+        "(CPU) against timm's PyTorch output on the same two random images. A tag passes when max abs <= "
+        f"{TOLERANCE:g} x max(1, |timm output|).",
         "",
         "Depth is cut to 2 blocks (every option is per block), except for the smallest architecture of each family, "
         "which runs at full depth (marked *full*). Width, heads, options and input size are the tag's own.",
@@ -155,14 +182,25 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
         f"wall time {wall / 60:.1f} min, peak RSS {rss_mb:,.0f} MB (this process and its children), "
         f"on {_cpu()}.",
         "",
-        "| family | tags | pass | worst max abs / max(1, \\|out\\|) | full-depth tag |",
-        "| --- | ---: | ---: | ---: | --- |",
+        "| timm modules | tags | pass | share |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for label, modules in MODULE_GROUPS:
+        rs = [r for r in results if r.get("module") in modules]
+        passed = sum(r["status"] == "ok" for r in rs)
+        lines.append(f"| {label} | {len(rs)} | {passed} | {100 * passed / max(1, len(rs)):.1f} % |")
+    lines += [
+        "",
+        "| family | tags | pass | worst max abs / max(1, \\|out\\|) | full-depth tag | s (full depth) |",
+        "| --- | ---: | ---: | ---: | --- | ---: |",
     ]
     for f, rs in sorted(by_family.items()):
         passed = [r for r in rs if r["status"] == "ok"]
         worst = max((r["max_abs"] / r["scale"] for r in passed), default=float("nan"))
-        full = next((f"{r['tag']} (depth {r['depth']})" for r in rs if r.get("full")), "-")
-        lines.append(f"| {f} | {len(rs)} | {len(passed)} | {worst:.2e} | {full} |")
+        full = next((r for r in rs if r.get("full")), None)
+        desc = f"{full['tag']} (depth {full['depth']})" if full else "-"
+        lines.append(f"| {f} | {len(rs)} | {len(passed)} | {worst:.2e} | {desc} | "
+                     f"{full['seconds'] if full else '-'} |")
     bad = [r for r in results if r["status"] != "ok"]
     lines += ["", "## Tags that do not pass", ""]
     lines += [f"- `{r['tag']}`: {r['status']}: {_detail(r)}" for r in bad] or ["None."]
@@ -194,6 +232,8 @@ def _cpu() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="a shell pattern of ARCH.TAG names: run those only, print, write no doc")
+    ap.add_argument("--module", action="append", help="timm modules to run (eva, beit, ...): those only, print, "
+                                                       "write no doc")
     ap.add_argument("--json", type=Path, help="also write every result as JSON")
     a = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -205,6 +245,10 @@ def main() -> int:
     full = full_depth_tags(tags)
     if a.only:
         tags = [t for t in tags if fnmatch.fnmatchcase(t, a.only)]
+    if a.module:
+        from vitexport.model.archs import resolve
+
+        tags = [t for t in tags if resolve(t)[0].module in a.module]
     t0 = time.time()
     results = []
     with tempfile.TemporaryDirectory(prefix="timm-coverage-") as tmp:
@@ -222,7 +266,7 @@ def main() -> int:
         a.json.write_text(json.dumps(results, indent=1))
     ok = sum(r["status"] == "ok" for r in results)
     print(f"{ok}/{len(results)} pass; {wall / 60:.1f} min; peak RSS {rss / 1024:,.0f} MB")
-    if not a.only:
+    if not a.only and not a.module:
         write_doc(results, wall, rss / 1024, timm.__version__)
         print(f"wrote {DOC}")
     return 0 if ok == len(results) else 1

@@ -148,6 +148,31 @@ def quick_bench(folder: Path, tmp_path: Path) -> dict:
     return {row["name"]: row for row in json.loads(report.read_text())["results"] if row["available"]}
 
 
+LINT = """
+import sys
+from polygraphy.tools import main
+for model, report in zip(sys.argv[1::2], sys.argv[2::2]):
+    sys.argv = ["polygraphy", "check", "lint", model, "-o", report]
+    try:
+        main()
+    except SystemExit:
+        pass
+"""
+
+
+def lint(paths, tmp_path):
+    """`polygraphy check lint` of each graph (one process): {name: [(failing nodes, message)]}, [] when clean."""
+    import json
+    import subprocess
+
+    pytest.importorskip("polygraphy")
+    reports = [tmp_path / f"{p.name}.lint.json" for p in paths]
+    subprocess.run([sys.executable, "-c", LINT, *[str(x) for pair in zip(paths, reports) for x in pair]],
+                   capture_output=True, text=True, timeout=600)
+    return {p.name: [(e["nodes"], e["message"]) for e in json.loads(r.read_text())["lint_entries"]
+                     if e["level"] in ("exception", "error")] for p, r in zip(paths, reports)}
+
+
 # -- the graph rule: no graph the suite writes holds an op TensorRT's parser refuses ----------------------------------
 
 def graphs_breaking_the_rule(root: Path) -> list[str]:

@@ -1,9 +1,10 @@
 """The families people deploy, by their timm names, from hub repositories laid out as timm's are (made here from
 random weights by timm's own hub helpers, read offline): the export matches timm's model, every precision is made
-and passes its check, every file passes onnx.checker's full check, and the bench runs every CPU row.
+and passes its check, every file passes onnx.checker's full check (and, for the RoPE and relative-position
+families, Polygraphy's lint), and the bench runs every CPU row.
 
 Depth is cut to 1 block (the repository's config.json says so, as timm writes it for such a model); width, heads,
-options and input size are the tag's own (DINOv2 at 518 px).
+options and input size are the tag's own (DINOv2 at 518 px, EVA02-S at 336, NaFlexViT's SigLIP2 at 384).
 """
 
 import json
@@ -15,15 +16,21 @@ import pytest
 import timm
 import torch
 from click.testing import CliRunner
-from conftest import load_script, quick_bench
+from conftest import lint, load_script, quick_bench
 
 from vitexport.cli import cli
+from vitexport.tensorrt_engine.graph_rules import rule_breakers
 
 TAGS = ["vit_small_patch14_reg4_dinov2.lvd142m", "vit_base_patch16_siglip_224.webli",
         "vit_base_patch16_clip_quickgelu_224.openai", "deit3_small_patch16_224.fb_in1k"]
+# eva.py, beit.py and naflexvit.py: DINOv3 (RoPE, registers), EVA02 (RoPE rescaled, SwiGLU), Perception Encoder (RoPE,
+# its attention pool over every token), BEiT v2 (relative position bias), SigLIP2 NaFlex (a resampled embedding)
+NEW_TAGS = ["vit_small_patch16_dinov3.lvd1689m", "eva02_small_patch14_336.mim_in22k_ft_in1k",
+            "vit_pe_core_small_patch16_384.fb", "beitv2_base_patch16_224.in1k_ft_in22k_in1k",
+            "naflexvit_base_patch16_siglip.v2_webli"]
 
 
-@pytest.fixture(scope="module", params=TAGS)
+@pytest.fixture(scope="module", params=TAGS + NEW_TAGS)
 def family(request, tmp_path_factory):
     """(tag, timm model, exported folder) with the hub cache in the environment."""
     tag = request.param
@@ -70,8 +77,12 @@ def test_every_precision_is_made_checked_and_valid(family):
                        "model.int8.trt.onnx", "model.onnx"]
     for name in written:
         onnx.checker.check_model(str(folder / name), full_check=True)
+        assert rule_breakers(onnx.load(str(folder / name), load_external_data=False)) == [], name
     records = json.loads((folder / "manifest.json").read_text())["precisions"]
     assert {"fp16", "fp16-trt", "int8", "int8-trt", "fp8"} <= set(records)
+    if family[0] in NEW_TAGS:  # ONNX Runtime at every optimization level takes them (FP8's own exception aside)
+        errors = lint([folder / n for n in written if n != "model.fp8.onnx"], folder.parent)
+        assert errors == {n: [] for n in written if n != "model.fp8.onnx"}
 
 
 def test_the_bench_runs_every_cpu_row(family, tmp_path):
@@ -92,12 +103,19 @@ def test_every_attention_site_is_found_with_its_tokens(family):
     from vitexport.tensorrt_engine.fusion import attention_sites, why_not_fused
 
     tag, model, folder = family
+    manifest = json.loads((folder / "manifest.json").read_text())
     sites = attention_sites(onnx.load(str(folder / "model.onnx")))
-    grid = model.patch_embed.grid_size[0] * model.patch_embed.grid_size[1]
+    grid = manifest["grid"][0] * manifest["grid"][1]
     blocks = [s for s in sites if s.bmm1.startswith("blocks.")]
     pool = [s for s in sites if s.bmm1.startswith("attn_pool")]
     assert len(blocks) == len(model.blocks) and len(pool) == (1 if model.global_pool == "map" else 0)
     head = model.embed_dim // model.blocks[0].attn.num_heads
     assert {(s.head_size, s.seq_len) for s in blocks} == {(head, model.num_prefix_tokens + grid)}
-    assert all(s.seq_len == grid and s.head_size == head for s in pool)
+    pooled = grid + (model.num_prefix_tokens if manifest["config"]["pool_include_prefix"] else 0)
+    pool_head = model.embed_dim // model.attn_pool.num_heads if pool else None  # PE's pool has heads of its own
+    assert all(s.seq_len == pooled and s.head_size == pool_head for s in pool)
     assert all(why_not_fused(replace(s, dtype="fp16")) is None for s in sites)
+    # RoPE'd blocks (not the pool, whose latent query has no position) and BEiT's biased ones are named so
+    config = manifest["config"]
+    assert {s.rotary for s in blocks} == {bool(config["rope"])} and not any(s.rotary for s in pool)
+    assert {s.bias is not None for s in blocks} == {bool(config["rel_pos_bias"])}

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, copy_export, load_script
+from conftest import ROOT, copy_export, lint, load_script
 
 from vitexport.cli import cli
 from vitexport.data.images import load_image
@@ -102,31 +102,6 @@ def test_an_overflow_names_the_first_bad_node(outliers, tmp_path, monkeypatch):
     monkeypatch.undo()  # the named node kept in FP32 by hand is not enough alone; the ranges are
     r = CliRunner().invoke(cli, ["quantize", str(folder), "--fp16", "--target", "tensorrt", "-q"])
     assert r.exit_code == 0, r.output
-
-
-LINT = """
-import sys
-from polygraphy.tools import main
-for model, report in zip(sys.argv[1::2], sys.argv[2::2]):
-    sys.argv = ["polygraphy", "check", "lint", model, "-o", report]
-    try:
-        main()
-    except SystemExit:
-        pass
-"""
-
-
-def lint(paths, tmp_path):
-    """`polygraphy check lint` of each graph (one process): {name: [(failing nodes, message)]}, [] when clean."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("polygraphy")
-    reports = [tmp_path / f"{p.name}.lint.json" for p in paths]
-    subprocess.run([sys.executable, "-c", LINT, *[str(x) for pair in zip(paths, reports) for x in pair]],
-                   capture_output=True, text=True, timeout=600)
-    return {p.name: [(e["nodes"], e["message"]) for e in json.loads(r.read_text())["lint_entries"]
-                     if e["level"] in ("exception", "error")] for p, r in zip(paths, reports)}
 
 
 def test_every_graph_quantize_writes_lints_clean_but_fp8(digits_export, tmp_path):

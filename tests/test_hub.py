@@ -186,10 +186,10 @@ def test_cached_repo_without_the_revision_or_weights(hub_cache, in_tmp):
 
 
 def test_unknown_architecture_and_model_args_are_refused(hub_cache):
-    add_repo(hub_cache, "me/eva", {"config.json": json_file(timm_config("eva02_tiny_patch14_224", 1000,
+    add_repo(hub_cache, "me/eva", {"config.json": json_file(timm_config("eva03_tiny_patch14_224", 1000,
                                                                          (224, 224))),
                                    "model.safetensors": safetensors_file({"x": torch.zeros(1)})})
-    with pytest.raises(VitexportError, match="eva02_tiny_patch14_224, which is not one of the architectures vitexport "
+    with pytest.raises(VitexportError, match="eva03_tiny_patch14_224, which is not one of the architectures vitexport "
                                              "builds .*`vitexport models` lists them"):
         user_spec(None, "hf-hub:me/eva")
     cfg = timm_config("vit_digits_patch4_32", 10, (32, 32))

@@ -257,3 +257,68 @@ def test_a_tag_s_preprocessing_is_timm_s_resolve_data_config(tag):
     assert (pp.crop_pct, pp.interpolation, pp.crop_mode) == (want["crop_pct"], want["interpolation"],
                                                               want["crop_mode"])
     assert arch.config(t).img_size == pp.input_size
+
+
+# -- one export for many sizes: DINOv3, EVA02 and BEiT through ONNX Runtime ---------------------------------------------
+
+@pytest.mark.parametrize("tag,sizes", [
+    ("vit_small_patch16_dinov3.lvd1689m", ((192, 320), (384, 384))),
+    ("eva02_small_patch14_336.mim_in22k_ft_in1k", ((224, 448), (532, 532))),
+    ("beitv2_base_patch16_224.in1k_ft_in22k_in1k", ((160, 288), (320, 320))),
+])
+def test_a_dynamic_export_is_timm_s_model_at_other_sizes(tag, sizes, tmp_path, monkeypatch):
+    """`vitexport onnx -m TAG --dynamic-img-size` from a repository laid out as timm's (width 96, one block), run by
+    ONNX Runtime at two sizes other than the default, one non-square: timm's dynamic_img_size=True model (DINOv3,
+    EVA02: RoPE recomputed and the position embedding resampled per input), and for BEiT, which has no dynamic mode
+    in timm, timm's model set to each size (set_input_size: its tables resampled for that grid)."""
+    import copy
+
+    import numpy as np
+    import onnxruntime as ort
+    from click.testing import CliRunner
+
+    from vitexport.cli import cli
+
+    coverage = load_script("timm_coverage")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    beit = tag.startswith("beit")
+    torch.manual_seed(0)
+    model = coverage.perturb(timm.create_model(tag, pretrained=False, depth=1, embed_dim=96, num_heads=4,
+                                               **({} if beit else {"dynamic_img_size": True})), scale=0.05)
+    coverage.lay_out_repo(tmp_path / "hf", tag, model)
+    r = CliRunner().invoke(cli, ["onnx", "-m", tag, "--dynamic-img-size", "--img-size-range", "112..560",
+                                 "-o", str(tmp_path / "m"), "-q"])
+    assert r.exit_code == 0, r.output
+    sess = ort.InferenceSession(str(tmp_path / "m" / "model.onnx"), providers=["CPUExecutionProvider"])
+    for size in sizes:
+        ref = model
+        if beit:
+            ref = copy.deepcopy(model).eval()
+            ref.set_input_size(img_size=size)
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(7))
+        with torch.no_grad():
+            want = ref(x).numpy()
+        got = sess.run(None, {"pixel_values": x.numpy()})[0]
+        assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max())), size
+
+
+def test_a_dynamic_beit_is_timm_s_model_set_to_each_size():
+    """In PyTorch, at the trained size, at sizes with one side the trained one (timm then stretches that axis too),
+    smaller and larger: per-block and shared tables."""
+    import copy
+
+    for extra in (dict(use_abs_pos_emb=False, use_rel_pos_bias=True, init_values=0.1),
+                  dict(use_abs_pos_emb=True, use_shared_rel_pos_bias=True)):
+        kwargs = {**TINY, "img_size": 64, **extra}
+        torch.manual_seed(0)
+        src = perturbed(TimmBeit(**kwargs))
+        ours = build_model(ViTConfig(**{**translated(kwargs, "beit").to_dict(), "dynamic_img_size": True}))
+        ours.load_state_dict(src.state_dict(), strict=True)
+        for size in ((64, 64), (96, 48), (64, 80), (32, 32), (128, 112)):
+            ref = copy.deepcopy(src).eval()
+            ref.set_input_size(img_size=size)
+            x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(8))
+            with torch.no_grad():
+                want, got = ref(x), ours(x)
+            assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), (extra, size)

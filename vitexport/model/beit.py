@@ -10,7 +10,8 @@ q/v biases without a key bias, LayerScale as `gamma_1`/`gamma_2`):
           -> pool (avg | token) -> fc_norm -> head
 
 At an image size other than the trained one, a checkpoint's tables are resampled to the new window when it is
-loaded (`checkpoints.adapt`), as timm's checkpoint filter does.
+loaded (`checkpoints.adapt`), as timm's checkpoint filter does; a dynamic-size model resamples them in the graph for
+each input's grid (`layers/relpos.TableResampler`), as timm's `set_input_size` would for that size.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from .config import ViTConfig
 from .layers.blocks import EVA_BLOCK_LAYERS, BlockArgs
 from .layers.norm import act_factory, norm_factory
 from .layers.patch import PatchEmbed
-from .layers.relpos import RelativePositionBias, RelPosGrid, relative_position_index
+from .layers.relpos import RelativePositionBias, RelPosGrid, TableResampler, relative_position_index
+from .posembed import interpolate_pos_embed
+
+MAX_DYNAMIC_GRID = 64  # patches a side a dynamic-size BEiT takes (its tables' resampling weights are constants)
 
 
 class Beit(TransformerBase):
@@ -52,6 +56,10 @@ class Beit(TransformerBase):
         # which table row each (query, key) pair reads, at this grid: a constant of the graph
         self.register_buffer("rel_pos_index", relative_position_index(grid), persistent=False)  # (N+1, N+1)
         self.rel_pos_bias = RelativePositionBias(grid, cfg.num_heads) if cfg.rel_pos_bias == "shared" else None
+        # at a dynamic size the tables are resampled to each input's grid, in the graph
+        self.max_grid = (max(MAX_DYNAMIC_GRID, grid[0]), max(MAX_DYNAMIC_GRID, grid[1]))
+        self.resampler = TableResampler(grid, self.max_grid) if cfg.dynamic_img_size and cfg.rel_pos_bias \
+            else None
 
         parts = BlockArgs(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.qk_norm, cfg.scale_attn_norm,
                           cfg.scale_mlp_norm, cfg.proj_bias, cfg.init_values, norm_layer, act_factory(cfg.act_layer),
@@ -70,9 +78,16 @@ class Beit(TransformerBase):
         self.head = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        pos_embed, rel_pos = self.pos_embed, RelPosGrid(self.rel_pos_index)
+        if self.dynamic_img_size:  # the input's patch grid, symbolic in a dynamic-size export
+            P = self.patch_embed.patch_size
+            grid = (x.shape[-2] // P[0], x.shape[-1] // P[1])
+            if pos_embed is not None:
+                pos_embed = interpolate_pos_embed(pos_embed, grid, 1, self.pos_grid, self.cfg.pos_embed_interp)
+            if self.resampler is not None:
+                rel_pos = RelPosGrid(relative_position_index(grid), self.resampler.axes(grid))
         x = self.patch_embed(x)  # (B, N, D)
-        x = self.pos_drop(embed_tokens(x, [self.cls_token], self.pos_embed, False))  # (B, 1+N, D)
-        rel_pos = RelPosGrid(self.rel_pos_index)
+        x = self.pos_drop(embed_tokens(x, [self.cls_token], pos_embed, False))  # (B, 1+N, D)
         shared = self.rel_pos_bias(rel_pos) if self.rel_pos_bias is not None else None  # (1, H, 1+N, 1+N)
         for blk in self.blocks:
             x = blk(x, attn_bias=shared, rel_pos=rel_pos)

@@ -143,6 +143,8 @@ def fetch(ref: HubRef) -> Snapshot:
         config = _read_json(config_path, ref)
         weights = next((p for name in WEIGHT_FILES if (p := _download(ref, name, optional=True))), None)
         if weights is None:
+            weights = _sharded(ref)
+        if weights is None:
             where = " in the cache" if offline() else ""
             raise VitexportError(f"{ref} holds none of {', '.join(WEIGHT_FILES)}{where}; vitexport reads timm and "
                                  f"transformers ViT repositories.")
@@ -151,6 +153,20 @@ def fetch(ref: HubRef) -> Snapshot:
             extra[PREPROCESSOR_FILE] = _read_json(pp, ref)
         _FETCHED[key] = Snapshot(ref, config_path.parent.name, config, weights, extra)
     return _FETCHED[key]
+
+
+def _sharded(ref: HubRef) -> Path | None:
+    """A sharded repository's index and every shard it names (checked as any index: plain names beside it), through
+    the cache; the index's path, or None when the repository has none."""
+    from .checkpoints.reading import SHARD_INDEXES, shard_map, shard_names
+
+    for name in SHARD_INDEXES:
+        if (index := _download(ref, name, optional=True)) is not None:
+            for shard in shard_names(index):
+                _download(ref, shard)
+            shard_map(index)
+            return index
+    return None
 
 
 def _download(ref: HubRef, filename: str, optional: bool = False) -> Path | None:
@@ -268,8 +284,16 @@ def _describe_timm(cfg: dict[str, Any], ref: str) -> HubModel:
     args = cfg.get("model_args") or {}
     if not isinstance(args, dict):
         raise VitexportError(f"{ref}'s model_args is a JSON {type(args).__name__}, not an object.")
+    from .timm_args import translate_overrides
+
+    module = get_variant(arch).module if _known(arch) else "vision_transformer"
     args = {k: _TIMM_PART_NAMES.get(v, v) if k in CHOICES and isinstance(v, str) else v
             for k, v in args.items() if k not in _TIMM_IGNORED}
+    if module != "vision_transformer" and module != "deit":  # the module's own names -> ViTConfig's
+        args = translate_overrides(module, args)
+        if bad := args.pop("unsupported", None):
+            raise VitexportError(f"{ref} builds {arch} with {', '.join(sorted(bad))}, which vitexport's model does "
+                                 f"not take from a config.")
     unknown = sorted(k for k in args if k not in MODEL_ARGS)
     if unknown:
         raise VitexportError(f"{ref} builds {arch} with {', '.join(unknown)}, which vitexport's ViT does not have.")

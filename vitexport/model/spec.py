@@ -15,7 +15,7 @@ from ..artifacts.folder import ModelFolder
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..parity.compare import EXPORT_THRESHOLDS
-from ..paths import sha256_file, shipped_checkpoint
+from ..paths import shipped_checkpoint
 from .archs import Architecture, Tag
 from .config import to_2tuple
 from .posembed import DEFAULT_INTERPOLATION
@@ -84,7 +84,7 @@ class ModelSpec:
 
     def differences(self, manifest: "Manifest") -> list[str]:
         """How an existing export differs from what this spec asks for; empty when it is that model."""
-        from .checkpoints import resolve_weights  # imports torch: only when an export is compared
+        from .checkpoints import resolve_weights, weights_digest  # imports torch: only when an export is compared
 
         diffs = []
         if manifest.variant != self.variant:
@@ -96,7 +96,7 @@ class ModelSpec:
         elif ckpt is not None:
             if not ckpt.exists():
                 raise VitexportError(f"Checkpoint {ckpt} does not exist.")
-            if sha256_file(resolve_weights(ckpt)[0]) != have:
+            if weights_digest(resolve_weights(ckpt)[0]) != have:
                 diffs.append(f"it was made from {'random weights' if not have else 'another checkpoint'}, not {ckpt}")
         if self.num_classes is not None and self.num_classes != manifest.num_classes:
             diffs.append(f"it has {manifest.num_classes} classes, not {self.num_classes}")
@@ -127,14 +127,26 @@ def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **
         folder = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
         hub, name = describe_config(local[0], local[1], str(folder)), folder.resolve().name
     else:
-        kw["pos_embed_interp"] = kw.get("pos_embed_interp") or DEFAULT_INTERPOLATION
+        kw["pos_embed_interp"] = kw.get("pos_embed_interp") or own_interpolation(model) or DEFAULT_INTERPOLATION
         return ModelSpec(variant=model or DEFAULT_VARIANT, checkpoint=checkpoint, **kw)
     return _described_spec(hub, model, checkpoint if ref is None else str(ref), name, kw)
 
 
+def own_interpolation(variant: str | None) -> str | None:
+    """How an architecture's own code resamples its position embedding, when the table says (NaFlexViT's towers
+    resample theirs with their own method); None: vitexport's default."""
+    if variant is None:
+        return None
+    try:
+        return get_variant(variant).args.get("pos_embed_interp")
+    except VitexportError:
+        return None  # an unknown name: refused with its sentence where the spec is used
+
+
 def _described_spec(hub: "HubModel", model: str | None, checkpoint: Path | str, name: str,
                     kw: dict[str, Any]) -> ModelSpec:
-    kw["pos_embed_interp"] = kw.get("pos_embed_interp") or hub.pos_embed_interp or DEFAULT_INTERPOLATION
+    kw["pos_embed_interp"] = kw.get("pos_embed_interp") or hub.pos_embed_interp or \
+        own_interpolation(model or hub.variant) or DEFAULT_INTERPOLATION
     arch = None
     if model is None and hub.kind == "transformers":  # any size: an architecture of its own, named after the files
         pp = hub.preprocess

@@ -263,6 +263,36 @@ def translate_naflex(kwargs: dict) -> dict:
     return _finish(out, bad)
 
 
+# the arguments a hub repository's model_args may change, by their names in each module (create_model's keywords:
+# sizes, the head, pooling), and the ViTConfig field each is
+_OVERRIDES = {
+    "eva": {**{k: k for k in _EVA_PLAIN}, **_EVA_RENAMES},
+    "beit": {**{k: k for k in _BEIT_PLAIN}, "use_abs_pos_emb": "abs_pos_embed"},
+    "naflexvit": {**{k: k for k in _NAFLEX_PLAIN}, **_NAFLEX_RENAMES},
+}
+
+
+def translate_overrides(module: str, kwargs: dict) -> dict:
+    """The arguments a timm repository's config.json changes (`model_args`: what create_model was given) -> the
+    ViTConfig fields they change, the rest under 'unsupported'. Unlike `translate`, nothing is filled in from the
+    class's defaults: the architecture's table entry holds the rest."""
+    if module not in _OVERRIDES:
+        return translate_vit(kwargs)
+    names = _OVERRIDES[module]
+    out: dict = {}
+    bad: dict = {}
+    for k, v in kwargs.items():
+        if k in IGNORED or (k == "dynamic_img_pad" and not v):
+            continue
+        if k in names:
+            out[names[k]] = v
+        elif k == "norm_layer":
+            _norm(v, k, out, bad)
+        else:
+            bad[k] = v
+    return _finish(out, bad)
+
+
 TRANSLATORS = {"vision_transformer": translate_vit, "deit": translate_vit, "eva": translate_eva,
                "beit": translate_beit, "naflexvit": translate_naflex}
 

@@ -252,7 +252,24 @@ def measured_keep(fp32: Path, fp32_sha: str, manifest, opts, cache_for: Callable
     kept += [Kept(e, ops[e], "", 0.0) for e in extra if e not in names]  # the user's: no range behind them
     if kept:
         log.warn(summary(kept, sum(1 for n in graph.node if n.op_type not in NOT_COMPUTE)))
-    return kept
+    tables = [k for k in position_table_nodes(graph) if k.node not in names]
+    if tables:
+        log.info(f"The RoPE table's {len(tables)} nodes stay in FP32: its angles grow with the grid, and FP16 "
+                 f"resolves an angle of 64 only to 1/32.")
+    return kept + tables
+
+
+ROPE_MODULE = "rope"  # model.eva.Eva's RoPE layer: at a dynamic size its table is computed in the graph
+
+
+def position_table_nodes(graph) -> list[Kept]:
+    """The nodes of a dynamic-size graph's RoPE table (the `rope` module's, its casts and reshapes too, so the
+    converter leaves the whole computation as it is): in FP32 in every FP16 graph, as timm computes it, whatever the
+    range rule says (the table is small; its angles need the precision)."""
+    from .groups import module_of
+
+    return [Kept(n.name, n.op_type, "rope table", 0.0) for n in graph.node
+            if module_of(n.name).split(".")[0] == ROPE_MODULE]
 
 
 NOT_COMPUTE = frozenset({"Constant", "Shape", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Slice",

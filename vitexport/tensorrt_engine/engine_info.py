@@ -237,8 +237,10 @@ def attention_problems(engine: EngineLayers, sites: Sequence[Any]) -> list[str]:
         if fused:
             continue
         ran = [f"{f.kind} {f.name!r}" for n in (site.bmm1, site.bmm2) for f in where.get(n, [])[:1]]
-        problems.append(f"attention {site.bmm1!r} -> {site.bmm2!r} is not fused into one attention layer "
-                        f"({'; '.join(ran) if ran else 'in no layer metadata'})")
+        traits = ", ".join(t for t, on in (("RoPE", getattr(site, "rotary", False)),
+                                           ("relative position bias", getattr(site, "bias", None))) if on)
+        problems.append(f"attention {site.bmm1!r} -> {site.bmm2!r}{f' ({traits})' if traits else ''} is not fused "
+                        f"into one attention layer ({'; '.join(ran) if ran else 'in no layer metadata'})")
     return problems
 
 

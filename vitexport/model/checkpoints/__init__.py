@@ -23,14 +23,13 @@ from typing import Any
 
 from ...artifacts.manifest import CheckpointRecord
 from ...errors import VitexportError
-from ...paths import sha256_file
 from ..hub import origin
 from ..labels import checkpoint_labels
 from . import hf_dinov2, hf_vit, jax, timm, timm_naflex
 from .adapt import adapt_state_dict, describe_checkpoint, load_into
 from .common import StateDict
 from .hf_clip import CLIP, SIGLIP
-from .reading import WEIGHT_FILES, read_raw, resolve_weights
+from .reading import SHARD_INDEXES, WEIGHT_FILES, read_raw, resolve_weights, weights_digest
 
 # tried in this order: the first whose `matches` holds converts the file (timm last: the others' names are unlike it)
 FORMATS: tuple[Any, ...] = (jax, CLIP, SIGLIP, hf_dinov2, hf_vit, timm_naflex, timm)
@@ -88,7 +87,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         hints.update(_transformers_hints(config))
     if names := checkpoint_labels(config):
         hints["labels"] = names  # class names, in head order
-    return Checkpoint(sd, fmt.NAME, weights, sha256_file(weights), hints, fields_)
+    return Checkpoint(sd, fmt.NAME, weights, weights_digest(weights), hints, fields_)
 
 
 def _transformers_hints(config: dict) -> dict:
@@ -106,5 +105,6 @@ def _transformers_hints(config: dict) -> dict:
     return hints
 
 
-__all__ = ["FORMATS", "WEIGHT_FILES", "Checkpoint", "StateDict", "adapt_state_dict", "describe_checkpoint",
-           "detect_format", "load_checkpoint", "load_into", "read_raw", "resolve_weights"]
+__all__ = ["FORMATS", "SHARD_INDEXES", "WEIGHT_FILES", "Checkpoint", "StateDict", "adapt_state_dict",
+           "describe_checkpoint", "detect_format", "load_checkpoint", "load_into", "read_raw", "resolve_weights",
+           "weights_digest"]

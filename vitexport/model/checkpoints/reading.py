@@ -1,6 +1,13 @@
 """Reading a checkpoint's raw tensors: the weights file of a folder, its config.json, and the file's own format
 (safetensors, a torch zip or pickle read with weights_only, a JAX .npz), sniffed from its bytes, never its name.
-Training checkpoints are unwrapped (model_ema / model / state_dict, DataParallel's 'module.')."""
+Training checkpoints are unwrapped (model_ema / model / state_dict, DataParallel's 'module.').
+
+Large models are saved in shards (`save_pretrained` and the hub write `model.safetensors.index.json` or
+`pytorch_model.bin.index.json`: `weight_map`, tensor -> shard file). An index is read shard by shard, each shard's
+tensors kept as they come, so the peak is the weights themselves, as with one file. An index is input: a shard it
+names must be a plain file name beside it (never a path out of the folder), present, and hold the tensors the
+index puts there; a tensor named twice is one sentence.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import torch
 from ...errors import VitexportError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.pt", "model.npz")
+SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # tried after WEIGHT_FILES
 
 
 def resolve_weights(path: Path) -> tuple[Path, dict]:
@@ -24,11 +32,12 @@ def resolve_weights(path: Path) -> tuple[Path, dict]:
         raise VitexportError(f"Checkpoint {path} does not exist.")
     config: dict = {}
     if path.is_dir():
-        candidates = [path / n for n in WEIGHT_FILES if (path / n).is_file()]
+        candidates = [path / n for n in (*WEIGHT_FILES, *SHARD_INDEXES) if (path / n).is_file()]
         if not candidates:
             candidates = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".pth", ".pt", ".npz"))
         if not candidates:
-            raise VitexportError(f"Checkpoint directory {path} holds no weights file (looked for {', '.join(WEIGHT_FILES)}).")
+            raise VitexportError(f"Checkpoint directory {path} holds no weights file (looked for "
+                                 f"{', '.join(WEIGHT_FILES + SHARD_INDEXES)}).")
         cfg_path = path / "config.json"
         weights = candidates[0]
     else:
@@ -65,7 +74,85 @@ def _sniff(path: Path) -> str:
     raise VitexportError(f"Checkpoint {path} is not a PyTorch, safetensors or .npz file.")
 
 
+def is_index(path: Path) -> bool:
+    return Path(path).name.endswith(".index.json")
+
+
+def shard_map(index: Path) -> dict[str, list[str]]:
+    """An index's shards -> the tensors each holds, in the index's order; one sentence for an index that is not
+    one, names a file that is not a plain name beside it, names a missing shard, or names a tensor twice."""
+    shards = shard_names(index)
+    for shard in shards:
+        if not (Path(index).parent / shard).is_file():
+            raise VitexportError(f"Checkpoint index {index} names shard {shard}, which is not in "
+                                 f"{Path(index).parent}; download or copy it too.")
+    return shards
+
+
+def shard_names(index: Path) -> dict[str, list[str]]:
+    """shard_map without looking for the shards (a hub repository's are fetched from what it says)."""
+    from ...paths import plain_name
+
+    def pairs(items: list) -> dict:
+        keys = [k for k, _ in items]
+        if len(set(keys)) != len(keys):
+            twice = next(k for k in keys if keys.count(k) > 1)
+            raise VitexportError(f"Checkpoint index {index} names tensor {twice!r} twice.")
+        return dict(items)
+
+    try:
+        data = json.loads(Path(index).read_text(), object_pairs_hook=pairs)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VitexportError(f"Checkpoint index {index} is not readable JSON ({type(e).__name__}).") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise VitexportError(f"Checkpoint index {index} has no weight_map of tensor names to shard files.")
+    shards: dict[str, list[str]] = {}
+    for tensor, shard in weight_map.items():
+        try:
+            plain_name(shard, f"a shard of {index}")
+        except VitexportError:
+            raise VitexportError(f"Checkpoint index {index} names shard {shard!r} for {tensor!r}, which is not a "
+                                 f"file beside it; vitexport reads only the folder it is given.") from None
+        shards.setdefault(shard, []).append(tensor)
+    return shards
+
+
+def _read_sharded(index: Path) -> dict[str, torch.Tensor | np.ndarray]:
+    """Every tensor of a sharded checkpoint, shard by shard."""
+    out: dict[str, torch.Tensor | np.ndarray] = {}
+    for shard, names in shard_map(index).items():
+        raw = read_raw(Path(index).parent / shard)
+        missing = [n for n in names if n not in raw]
+        if missing:
+            raise VitexportError(f"Shard {shard} of {index} lacks tensor {missing[0]!r}, which the index puts there"
+                                 f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}.")
+        for n in names:
+            if n in out:
+                raise VitexportError(f"Checkpoint index {index} puts tensor {n!r} in two shards.")
+            out[n] = raw.pop(n)
+        del raw
+    return out
+
+
+def weights_digest(path: Path) -> str:
+    """The sha256 that names a checkpoint's weights: the file's; for an index, of the index and every shard's."""
+    import hashlib
+
+    from ...paths import sha256_file
+
+    if not is_index(path):
+        return sha256_file(path)
+    h = hashlib.sha256(Path(path).read_bytes())
+    for shard in sorted(shard_map(path)):
+        h.update(bytes.fromhex(sha256_file(Path(path).parent / shard)))
+    return h.hexdigest()
+
+
 def read_raw(path: Path) -> dict[str, torch.Tensor | np.ndarray]:
+    if is_index(path):
+        return _read_sharded(path)
     kind = _sniff(path)
     try:
         if kind == "safetensors":

@@ -48,12 +48,21 @@ def relative_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 class RelPosGrid:
-    """The relative positions of one patch grid: what an attention's bias table is read at."""
+    """The relative positions of one patch grid: what an attention's bias table is read at. With `axes` (a dynamic
+    size: the resampling weights of each axis, `TableResampler.axes`), a table trained at another window is first
+    resampled to the grid's."""
 
-    def __init__(self, index: torch.Tensor):
+    def __init__(self, index: torch.Tensor, axes: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.index = index  # (N+1, N+1)
+        self.axes = axes  # (2h-1, 2h0-1), (2w-1, 2w0-1)
 
     def bias(self, table: torch.Tensor) -> torch.Tensor:
+        if self.axes is not None:
+            wy, wx = self.axes
+            heads = table.shape[1]
+            grid = table[:-EXTRA_TOKENS].T.reshape(heads, wy.shape[1], wx.shape[1])  # (heads, 2h0-1, 2w0-1)
+            resized = (wy @ grid @ wx.T).reshape(heads, -1).T  # ((2h-1)(2w-1), heads)
+            table = torch.cat([resized, table[-EXTRA_TOKENS:]], dim=0)
         return relative_bias(table, self.index)
 
 
@@ -109,6 +118,49 @@ def _linear_weights(points: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return weights
 
 
+def _axis_weights(src: int, dst: int) -> torch.Tensor:
+    """(dst, src) weights resampling one axis of a table (src, dst: 2 x the window side - 1)."""
+    targets = torch.arange(-(dst // 2), dst // 2 + 0.1, 1.0)
+    return _linear_weights(torch.tensor(_spread(src, dst)), targets)
+
+
+class TableResampler(nn.Module):
+    """A dynamic-size BEiT's tables, trained at `window`, resampled in the graph to any grid of up to `max_grid`
+    patches a side, as timm resamples them for a model set to that size (`set_input_size`).
+
+    timm finds each axis's geometric progression with a bisection per size, and resamples both axes as soon as one
+    differs from the trained window (an axis of the same size is then stretched too); at the trained size the table
+    is used as it is. So the weights of every side are computed here once, with timm's arithmetic, and looked up
+    by the input's side: (max_grid, 2 max_grid - 1, 2 w0 - 1) constants per axis, read with Gather and Slice, and
+    blended with the identity where both sides are the trained ones (a product with 0 or 1: no If)."""
+
+    def __init__(self, window: tuple[int, int], max_grid: tuple[int, int]):
+        super().__init__()
+        self.window, self.max_grid = tuple(window), tuple(max_grid)
+        for axis in (0, 1):
+            src, sides = 2 * window[axis] - 1, max_grid[axis]
+            lut = torch.zeros(sides, 2 * sides - 1, src)
+            for g in range(1, sides + 1):
+                lut[g - 1, :2 * g - 1] = _axis_weights(src, 2 * g - 1)
+            same = torch.zeros(sides)
+            if window[axis] <= sides:
+                same[window[axis] - 1] = 1.0
+            self.register_buffer(f"lut{axis}", lut, persistent=False)
+            self.register_buffer(f"same{axis}", same, persistent=False)
+            self.register_buffer(f"eye{axis}", torch.eye(2 * sides - 1, src), persistent=False)
+
+    def axes(self, grid: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights of each axis for a grid (h, w) (symbolic in an export): (2h-1, 2h0-1), (2w-1, 2w0-1)."""
+        luts, sames, eyes = (self.lut0, self.lut1), (self.same0, self.same1), (self.eye0, self.eye1)
+        trained = sames[0][grid[0] - 1] * sames[1][grid[1] - 1]  # 1 at the trained size, else 0
+        out = []
+        for axis in (0, 1):
+            rows = 2 * grid[axis] - 1
+            geometric = luts[axis][grid[axis] - 1][:rows]
+            out.append(trained * eyes[axis][:rows] + (1 - trained) * geometric)
+        return out[0], out[1]
+
+
 def resize_table(table: torch.Tensor, old_window: tuple[int, int], new_window: tuple[int, int]) -> torch.Tensor:
     """A (rows, heads) table trained at `old_window` -> the table of `new_window` (the class entries kept)."""
     if tuple(old_window) == tuple(new_window):
@@ -117,8 +169,7 @@ def resize_table(table: torch.Tensor, old_window: tuple[int, int], new_window: t
     dst = (2 * new_window[0] - 1, 2 * new_window[1] - 1)
     grid, extra = table[:-EXTRA_TOKENS].float(), table[-EXTRA_TOKENS:]
     heads = table.shape[1]
-    wy = _linear_weights(torch.tensor(_spread(src[0], dst[0])), torch.arange(-(dst[0] // 2), dst[0] // 2 + 0.1, 1.0))
-    wx = _linear_weights(torch.tensor(_spread(src[1], dst[1])), torch.arange(-(dst[1] // 2), dst[1] // 2 + 0.1, 1.0))
+    wy, wx = _axis_weights(src[0], dst[0]), _axis_weights(src[1], dst[1])
     planes = grid.T.reshape(heads, src[0], src[1])  # (heads, src_h, src_w)
     resized = wy @ planes @ wx.T  # (heads, dst_h, dst_w)
     return torch.cat([resized.reshape(heads, -1).T.to(table.dtype), extra], dim=0)
