@@ -1,6 +1,7 @@
 """OpenVINO INT8 against ONNX Runtime FP32 across ViT families, side by side in one run on this CPU.
 
-    python scripts/bench_families_cpu.py [--rounds 5] [--runs 2] [--batch 8] [-m ARCH ...]
+    python scripts/bench_families_cpu.py [--rounds 5] [--runs 2] [--batch 8] [-m ARCH[@SIZE] ...]
+        [--quantize-attention auto|on|off]
 
 Default models (random weights, full size, each at its own input size): vit_base_patch16_224 (the reference),
 vit_small_patch14_reg4_dinov2 at 518 (DINOv2-S/14 with registers) and vit_base_patch16_siglip_224 (SigLIP-B/16,
@@ -27,6 +28,7 @@ from vitexport.data.images import load_folder
 from vitexport.ensure import ensure_artifact
 from vitexport.environment import cpu_flags, cpu_model
 from vitexport.model.spec import user_spec
+from vitexport.model.variants import parse_img_size
 from vitexport.parity.compare import compare
 from vitexport.paths import default_heldout_dir
 from vitexport.precision import CalibOptions
@@ -38,23 +40,28 @@ DEFAULT_MODELS = ["vit_base_patch16_224", "vit_small_patch14_reg4_dinov2", "vit_
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-m", "--model", action="append", default=None, help="an architecture (repeatable)")
+    ap.add_argument("-m", "--model", action="append", default=None,
+                    help="an architecture, at its own input size or @SIZE (384, 512x384) (repeatable)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=2, help="timed runs per configuration and round")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--quantize-attention", action="store_true",
-                    help="INT8 attention products too (`quantize --int8 --quantize-attention`), for every model")
+    ap.add_argument("--quantize-attention", choices=("auto", "on", "off"), default="auto",
+                    help="INT8 attention products: quantize's default (auto: long sequences, kept if the held-out "
+                         "check passes), or on / off for every model")
     args = ap.parse_args()
-    calib = CalibOptions(check=False, int8=Int8Settings(quantize_attention=args.quantize_attention))
+    attention = {"auto": None, "on": True, "off": False}[args.quantize_attention]
+    calib = CalibOptions(check=attention is None, int8=Int8Settings(quantize_attention=attention))
     log = Log()
     runs: list[tuple[str, object, object, np.ndarray, str]] = []  # (model, ort run, ov run, input, parity)
-    for name in args.model or DEFAULT_MODELS:
-        spec = user_spec(name)
+    for model in args.model or DEFAULT_MODELS:
+        name, _, size = model.partition("@")
+        spec = user_spec(name, img_size=parse_img_size(size) if size else None)
         folder = spec.default_folder()
         fp32 = ensure_artifact(folder.path, "fp32", spec=spec, log=log).path
         int8 = ensure_artifact(folder.path, "int8", calib=calib, log=log).path
         manifest = folder.read_manifest()
+        attn_int8 = manifest.precisions["int8"].calibration.quantize_attention
         sess = ort_session(fp32, args.threads, "ORT_ENABLE_ALL", {})
         ort_run = (lambda s, m: lambda x: s.run([m.output_name], {m.input_name: x})[0])(sess, manifest)
         ov = OpenVinoRunner(int8, "int8", args.threads, "f32", input_name=manifest.input_name,
@@ -62,7 +69,7 @@ def main() -> None:
         held = load_folder(default_heldout_dir(manifest.variant), manifest.preprocess)
         s = compare(infer_in_chunks(ort_run, held.x), infer_in_chunks(ov.infer, held.x))
         x = np.ascontiguousarray(np.resize(held.x, (args.batch, *held.x.shape[1:])))
-        label = f"{name} {manifest.img_size[0]}x{manifest.img_size[1]}"
+        label = f"{name} {manifest.img_size[0]}x{manifest.img_size[1]}" + (" (INT8 attention)" if attn_int8 else "")
         runs.append((label, ort_run, ov.infer, x, f"cos min {s.cos_min:.5f}, top-1 agree {s.top1_agree:.0%}"))
         for f in (ort_run, ov.infer):  # warm-up: the first runs at a shape compile kernels
             f(x), f(x)
@@ -78,7 +85,8 @@ def main() -> None:
                 pair.append((time.perf_counter() - t0) / args.runs)
             times[label].append((pair[0], pair[1]))
         log.info(f"round {rnd + 1}/{args.rounds} done")
-    what = "INT8 with attention products" if args.quantize_attention else "INT8 (GEMMs with a weight)"
+    what = {"auto": "INT8 as `quantize --int8` makes it by default (attention products in INT8 where marked)",
+            "on": "INT8 with attention products", "off": "INT8 (GEMMs with a weight)"}[args.quantize_attention]
     print(f"\n{what}; {cpu_model()}, {args.threads} threads (flags: {' '.join(cpu_flags()) or 'n/a'}; OpenVINO reports "
           f"{', '.join(cpu_capabilities())}); batch {args.batch}; {args.rounds} interleaved rounds x {args.runs} "
           f"runs ({time.perf_counter() - t_all:.0f} s of timing)\n")

@@ -112,13 +112,15 @@ class CalibrationRecord:
     skipped: int = 0  # chosen files that could not be read (damaged, links out of the folder, ...): left out
     smoothquant: float | None = None  # SmoothQuant's alpha, when the LayerNorm-fed GEMMs were smoothed
     fallback: dict | None = None  # --min-cos/--max-drop: the target, the groups kept in float, the speed cost
+    attention_auto: bool = False  # quantize_attention was the default's choice (long sequences, checked)
 
     def to_dict(self) -> dict:
         return {"key": self.key, "method": self.method, "samples": self.samples, "data": self.data,
                 "requested_samples": self.requested_samples, "percentile": self.percentile,
                 "quantize_attention": self.quantize_attention, "exclude_nodes": list(self.exclude_nodes),
                 "exclude_blocks": list(self.exclude_blocks), **({"skipped": self.skipped} if self.skipped else {}),
-                **{k: v for k, v in (("smoothquant", self.smoothquant), ("fallback", self.fallback)) if v is not None}}
+                **{k: v for k, v in (("smoothquant", self.smoothquant), ("fallback", self.fallback)) if v is not None},
+                **({"attention_auto": True} if self.attention_auto else {})}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "CalibrationRecord":
@@ -126,7 +128,8 @@ class CalibrationRecord:
                    f.opt("requested_samples", int), f.opt("percentile", (int, float)),
                    bool(f.opt("quantize_attention", bool, False)), list(f.opt("exclude_nodes", list, [])),
                    list(f.opt("exclude_blocks", list, [])), int(f.opt("skipped", int, 0)),
-                   f.opt("smoothquant", (int, float)), f.opt("fallback", dict))
+                   f.opt("smoothquant", (int, float)), f.opt("fallback", dict),
+                   bool(f.opt("attention_auto", bool, False)))
 
 
 @dataclass

@@ -99,40 +99,87 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
                 held.close()
 
 
+LONG_SEQUENCE = 512  # tokens from which the CPU INT8 graph tries its attention products in INT8 too
+
+
+def attention_attempts(precision: str, manifest: Manifest, opts: CalibOptions, held: ValidationSet | None,
+                       log: Log) -> list[bool | None]:
+    """The attention products of the CPU INT8 graph, as asked (--quantize-attention / --no-quantize-attention), or
+    by default: for a sequence of LONG_SEQUENCE tokens or more, where the two products (2 N^2 D a block) outweigh
+    much of the weight GEMMs (12 N D^2) and stop INT8 from paying, they are tried in INT8 first and kept only if the
+    held-out check passes ([True, False]); a shorter one leaves them in FP32. None: as the options say (their
+    default: the weight GEMMs only), nothing tried."""
+    asked = opts.int8.quantize_attention
+    if precision != "int8" or asked is not None:
+        return [None]
+    tokens = manifest.grid[0] * manifest.grid[1] + int(manifest.config.get("class_token", True)) + \
+        int(manifest.config.get("reg_tokens", 0))
+    if tokens < LONG_SEQUENCE:
+        return [None]  # the weight GEMMs only, calibrated as the TensorRT graph is: one calibration for both
+    if held is None:
+        log.warn(f"{tokens} tokens: the attention products would pay in INT8, but without the held-out check "
+                 f"(--no-check) nothing measures what that costs: they stay in FP32 (--quantize-attention forces "
+                 f"them).")
+        return [None]
+    log.info(f"{tokens} tokens: the attention products are tried in INT8 too, and kept if the held-out check passes.")
+    return [True, False]
+
+
 def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manifest: Manifest, record: PrecisionRecord,
           held: ValidationSet | None, opts: CalibOptions, log: Log) -> PrecisionResult:
     out_path = folder.onnx(precision)
     key, reused, verdict = None, None, None
+    attempts = attention_attempts(precision, manifest, opts, held, log) if precision not in FP16_KINDS else [None]
     with atomic_path(out_path, suffix=".onnx") as tmp:
-        if precision in FP16_KINDS:
-            bounds = write_fp16(precision, fp32, fp32_sha, tmp, manifest, opts, held, folder.calib_cache, record, log)
-            opts = replace(opts, thresholds=bounds or opts.thresholds)
-        else:
-            key, reused, verdict = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, held, log)
-        if held is not None:
-            if verdict is None:  # a fallback checked what it wrote already
-                with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs "
-                              f"({held.source})"):
-                    verdict = check_against_fp32(fp32, tmp, held, artifact_kind(precision).precision, manifest,
-                                                 opts.thresholds, log)
-            record.check = HeldOutCheck.from_verdict(held.source, verdict)
-            failures = list(verdict.failures)
-            if not failures and manifest.img_size_range is not None:
-                (h, w), second = _check_second_size(fp32, tmp, precision, manifest, opts, record, log)
-                failures = [f"at {h}x{w}: {f}" for f in second.failures]
-            if failures:
-                rejected = folder.rejected(precision)
-                os.replace(tmp, rejected)
-                hint = overflow_hint(rejected, held, manifest.input_name) if "NaN/Inf" in str(failures) else ""
-                hint += "" if precision not in QDQ_KINDS else (
-                    " To see which GEMMs cost the most, run `vitexport quantize` with --sensitivity; --min-cos C or "
-                    "--max-drop POINTS keeps the costliest in float until that holds, and --smoothquant moves "
-                    "LayerNorm outliers into the weights.")
-                raise ParityError(f"{precision.upper()} model failed the parity check ({'; '.join(failures)}); "
-                                  f"kept it as {rejected} and left {out_path.name} unchanged.{hint}")
+        for attempt, attention in enumerate(attempts):
+            verdict, failures, key, reused = _make_once(folder, precision, fp32, fp32_sha, manifest, record, held,
+                                                        opts, tmp, attention, len(attempts) > 1, log)
+            if failures and attempt + 1 < len(attempts):
+                log.info(f"With its attention products in INT8 the graph misses ({'; '.join(failures)}): writing it "
+                         f"with them in FP32.")
+                continue
+            break
+        if failures:
+            rejected = folder.rejected(precision)
+            os.replace(tmp, rejected)
+            hint = overflow_hint(rejected, held, manifest.input_name) if "NaN/Inf" in str(failures) else ""
+            hint += "" if precision not in QDQ_KINDS else (
+                " To see which GEMMs cost the most, run `vitexport quantize` with --sensitivity; --min-cos C or "
+                "--max-drop POINTS keeps the costliest in float until that holds, and --smoothquant moves "
+                "LayerNorm outliers into the weights.")
+            raise ParityError(f"{precision.upper()} model failed the parity check ({'; '.join(failures)}); "
+                              f"kept it as {rejected} and left {out_path.name} unchanged.{hint}")
     record.sha256 = sha256_file(out_path)
     folder.record_precision(precision, record)
     return PrecisionResult(precision, out_path, verdict, reused, key)
+
+
+def _make_once(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manifest: Manifest,
+               record: PrecisionRecord, held: ValidationSet | None, opts: CalibOptions, tmp: Path,
+               attention: bool | None, auto: bool, log: Log) -> tuple[ParityVerdict | None, list[str], str | None,
+                                                                      bool | None]:
+    """Write `precision` to tmp and check it: (verdict, the bounds it missed, calibration key, cache reused).
+    attention: the CPU INT8 graph's attention products in INT8 or not (None: as opts say); auto: the default chose
+    (the ranges are calibrated with the attention products' inputs either way, so a second attempt reuses them)."""
+    key, reused, verdict, failures = None, None, None, []
+    if precision in FP16_KINDS:
+        bounds = write_fp16(precision, fp32, fp32_sha, tmp, manifest, opts, held, folder.calib_cache, record, log)
+        opts = replace(opts, thresholds=bounds or opts.thresholds)
+    else:
+        key, reused, verdict = _quantize(folder, precision, fp32, fp32_sha, tmp, manifest, opts, record, held, log,
+                                         attention, auto)
+    if held is not None:
+        if verdict is None:  # a fallback checked what it wrote already
+            with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs "
+                          f"({held.source})"):
+                verdict = check_against_fp32(fp32, tmp, held, artifact_kind(precision).precision, manifest,
+                                             opts.thresholds, log)
+        record.check = HeldOutCheck.from_verdict(held.source, verdict)
+        failures = list(verdict.failures)
+        if not failures and manifest.img_size_range is not None:
+            (h, w), second = _check_second_size(fp32, tmp, precision, manifest, opts, record, log)
+            failures = [f"at {h}x{w}: {f}" for f in second.failures]
+    return verdict, failures, key, reused
 
 
 def _check_second_size(fp32: Path, candidate: Path, precision: str, manifest: Manifest, opts: CalibOptions,
@@ -215,16 +262,21 @@ def _calibrated(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, manif
 
 
 def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Path, manifest: Manifest,
-              opts: CalibOptions, record: PrecisionRecord, held: ValidationSet | None,
-              log: Log) -> tuple[str, bool, ParityVerdict | None]:
+              opts: CalibOptions, record: PrecisionRecord, held: ValidationSet | None, log: Log,
+              attention: bool | None = None, auto: bool = False) -> tuple[str, bool, ParityVerdict | None]:
     """Calibrate (_calibrated), write the Q/DQ graph of `kind` to dst, fill the record's calibration fields; with a
     fallback target, first choose the groups kept in float (_fall_back, which checks what it writes: its verdict is
-    returned, else None)."""
+    returned, else None). attention, auto: as _make_once's."""
+    asked = opts.int8.quantize_attention
+    if attention is not None:  # what the ranges cover: both products' inputs when the default tries them
+        opts = replace(opts, int8=replace(opts.int8, quantize_attention=True if auto else attention))
     settings = opts.int8
     if settings.target():
         _can_fall_back(held, settings.max_drop)
     with tempfile.TemporaryDirectory(prefix="vitexport-int8-") as scratch:
         cal = _calibrated(folder, kind, fp32, fp32_sha, manifest, opts, Path(scratch), log)
+        if auto and not attention:  # the second attempt: the same ranges, the products left in FP32
+            cal = replace(cal, selection=without_attention(cal.source, cal.selection))
         verdict, fallback = None, None
         if settings.target():
             let_go()  # the search reads its graphs its own way: the shared one would only hold memory
@@ -241,12 +293,23 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
     if kind_format(kind).fp16:
         record.fp32_nodes = [k.to_dict() for k in cal.kept]
     s = settings.to_dict()
+    written = bool(attention) if attention is not None else bool(settings.quantize_attention)
     record.calibration = CalibrationRecord(
         key=cal.key, method=settings.method, samples=cal.used, data=str(cal.root.resolve()),
-        requested_samples=opts.samples, percentile=s["percentile"], quantize_attention=s["quantize_attention"],
+        requested_samples=opts.samples, percentile=s["percentile"], quantize_attention=written,
         exclude_nodes=s["exclude_nodes"], exclude_blocks=s["exclude_blocks"], skipped=cal.skipped,
-        smoothquant=settings.smoothquant, fallback=fallback)
+        smoothquant=settings.smoothquant, fallback=fallback, attention_auto=asked is None)
     return cal.key, cal.reused, verdict
+
+
+def without_attention(fp32: Path, selection: GemmSelection) -> GemmSelection:
+    """The selection with its attention products (MatMuls of two activations) left in float."""
+    from ..tensorrt_engine.fusion import constant_names
+
+    graph = read_graph(fp32).graph
+    consts = constant_names(graph)
+    products = {n.name for n in graph.node if n.op_type == "MatMul" and not any(i in consts for i in n.input[:2])}
+    return without_nodes(selection, products)
 
 
 def _can_fall_back(held: ValidationSet | None, max_drop: float | None = None) -> None:
@@ -394,6 +457,8 @@ def _made_with(rec: PrecisionRecord, kind: str, calib: CalibOptions, manifest: M
     data = Path(calib.data) if calib.data else default_calib_dir(manifest.variant)
     wanted = {"data": str(data.resolve()), "requested_samples": calib.samples, **calib.int8.to_dict(),
               "smoothquant": calib.int8.smoothquant}
+    asked = wanted.pop("quantize_attention")  # the default (None) chose; otherwise it is what the file has
     have = cal.to_dict()
-    return all(have.get(k) == v for k, v in wanted.items()) and \
+    attention_ok = cal.attention_auto if asked is None else (not cal.attention_auto and cal.quantize_attention == asked)
+    return attention_ok and all(have.get(k) == v for k, v in wanted.items()) and \
         (cal.fallback or {}).get("target", {}) == calib.int8.target()

@@ -22,7 +22,9 @@ PLACEMENTS = ("vitexport", "modelopt")  # the TensorRT INT8 graph's Q/DQ placeme
 class Int8Settings:
     method: str = "percentile"  # one of CALIB_METHODS
     percentile: float = DEFAULT_PERCENTILE  # for the percentile method
-    quantize_attention: bool = False  # also quantize Q.K^T and A.V (MatMul with two activations)
+    # also quantize Q.K^T and A.V (MatMul with two activations); None: the CPU graph of a long sequence does,
+    # when its held-out check passes (precision/prepare.attention_attempts)
+    quantize_attention: bool | None = None
     exclude_nodes: list[str] = field(default_factory=list)  # node names, as in the exported graph
     exclude_blocks: list[int] = field(default_factory=list)  # whole transformer blocks kept in float
     placement: str = "vitexport"  # model.int8.trt.onnx only: one of PLACEMENTS (recorded in its qdq facts)
