@@ -119,3 +119,25 @@ def test_every_attention_site_is_found_with_its_tokens(family):
     config = manifest["config"]
     assert {s.rotary for s in blocks} == {bool(config["rope"])} and not any(s.rotary for s in pool)
     assert {s.bias is not None for s in blocks} == {bool(config["rel_pos_bias"])}
+
+
+@pytest.mark.parametrize("family", ["vit_small_patch16_dinov3.lvd1689m", "beitv2_base_patch16_224.in1k_ft_in22k_in1k"],
+                         indirect=True)
+def test_the_ir_and_the_triton_repository_of_a_rope_and_a_biased_model(family, tmp_path):
+    """`vitexport openvino --precision int8` (from the CPU INT8 graph) verifies and runs like its source; `vitexport
+    triton` writes a repository whose config.pbtxt is Triton's ModelConfig and agrees with the graph."""
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from google.protobuf import text_format
+
+    _, _, folder = family
+    r = CliRunner().invoke(cli, ["openvino", str(folder), "--precision", "int8", "-q"])
+    assert r.exit_code == 0, r.output
+    record = json.loads((folder / "manifest.json").read_text())["precisions"]["openvino-int8"]
+    assert record["check"]["passed"], record["check"]
+    r = CliRunner().invoke(cli, ["triton", str(folder), "-o", str(tmp_path / "repo"), "-q"])
+    assert r.exit_code == 0, r.output
+    config = next((tmp_path / "repo").glob("*/config.pbtxt"))
+    cfg = text_format.Parse(config.read_text(), model_config_pb2.ModelConfig())
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    assert [i.name for i in cfg.input] == [i.name for i in graph.input]
+    assert [o.name for o in cfg.output] == [o.name for o in graph.output]

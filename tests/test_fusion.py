@@ -284,7 +284,8 @@ def test_modelopt_placement_adds_attention_layernorm_and_residual_inputs(graphs,
 
 def test_the_placement_is_recorded_and_a_change_remakes_the_graph(graphs):
     from vitexport.artifacts.folder import ModelFolder
-    from vitexport.precision.prepare import run_quantize, stale_reason
+    from vitexport.precision.currency import stale_reason
+    from vitexport.precision.prepare import run_quantize
     from vitexport.precision.settings import CalibOptions, Int8Settings
 
     folder = ModelFolder(graphs["fp32"].parent)  # the export of the module's fixture

@@ -346,7 +346,7 @@ def test_a_long_sequence_s_attention_goes_int8_when_its_check_passes(long_sequen
     assert "577 tokens: the attention products are tried in INT8" in r.output
     cal = ModelFolder(folder).read_manifest().precisions["int8"].calibration
     assert cal.attention_auto and cal.quantize_attention and _attention_in_int8(folder / "model.int8.onnx")
-    from vitexport.precision.prepare import stale_reason
+    from vitexport.precision.currency import stale_reason
 
     assert stale_reason(ModelFolder(folder), "int8", CalibOptions()) is None  # the default's file is current
     assert "other options" in stale_reason(ModelFolder(folder), "int8",

@@ -322,3 +322,54 @@ def test_a_dynamic_beit_is_timm_s_model_set_to_each_size():
             with torch.no_grad():
                 want, got = ref(x), ours(x)
             assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), (extra, size)
+
+
+# -- INT8 of the new blocks: every GEMM quantized and grouped; the tools that work on groups ---------------------------
+
+TINY_OVERRIDES = dict(embed_dim=96, num_heads=4, depth=2)
+
+
+@pytest.fixture(scope="module")
+def sapiens_like(tmp_path_factory):
+    """Sapiens2's options (RoPE, separate q/k/v, 4 and 2 key/value heads, packed SwiGLU, RmsNorm, LayerScale on the
+    attention only) at width 96, 2 blocks, 64 x 48 px; random weights."""
+    from vitexport.export.run import run_export
+    from vitexport.model.spec import ModelSpec
+
+    out = tmp_path_factory.mktemp("sapiens") / "model"
+    spec = ModelSpec(variant="vit_base_patch16_sapiens2", img_size=(64, 48),
+                     overrides={**TINY_OVERRIDES, "num_kv_heads": (4, 2)})
+    run_export(spec, output=out)
+    return out
+
+
+def test_the_new_blocks_gemms_are_quantized_and_grouped(sapiens_like, tmp_path):
+    from conftest import copy_export
+
+    from vitexport.precision.groups import gemm_groups
+    from vitexport.precision.int8 import selection_for
+    from vitexport.precision.settings import Int8Settings
+
+    groups = gemm_groups(selection_for(sapiens_like / "model.onnx", Int8Settings(), "int8"))
+    kinds = {(g.block, g.kind) for g in groups}
+    assert {(b, k) for b in (0, 1) for k in ("q", "k", "v", "proj", "fc1", "fc2")} <= kinds, kinds
+    assert (None, "patch_embed") in kinds
+    # INT8 attention groups Q.K^T and A.V together, the RoPE'd ones too
+    with_attn = gemm_groups(selection_for(sapiens_like / "model.onnx", Int8Settings(quantize_attention=True), "int8"))
+    assert [len(g.nodes) for g in with_attn if g.kind == "attention"] == [2, 2]
+
+    from click.testing import CliRunner
+
+    from vitexport.cli import cli
+
+    folder = copy_export(sapiens_like, tmp_path / "m")
+    out = tmp_path / "sens.json"
+    r = CliRunner().invoke(cli, ["quantize", str(folder), "--int8", "--sensitivity", "--json", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    rows = json.loads(out.read_text())["groups"]
+    assert {(row["block"], row["kind"]) for row in rows} == kinds
+    for args in (["--min-cos", "0.99999"], ["--smoothquant"], ["--target", "tensorrt", "--placement", "modelopt"]):
+        r = CliRunner().invoke(cli, ["quantize", str(folder), "--int8", *args, "-q"])
+        assert r.exit_code == 0, (args, r.output)

@@ -23,7 +23,7 @@ from .model.spec import ExportOptions, ModelSpec
 from .openvino_ir.convert import ir_stale_reason, make_ir
 from .precision.convert import graph_precision
 from .precision.prepare import PrecisionResult, run_quantize
-from .precision.prepare import stale_reason as onnx_stale_reason
+from .precision.currency import stale_reason as onnx_stale_reason
 from .precision.settings import DEFAULT_KEEP_FP32, CalibOptions
 from .preflight import check_op_types
 from .progress import QUIET, Log

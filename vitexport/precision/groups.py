@@ -4,8 +4,9 @@ sensitivity ranks and that the automatic fallback returns to float.
 A node's layer is its module path, the part of its ONNX name before the last '/' (the exporter names a node
 `<module>/<op>`: `blocks.3.attn.qkv/MatMul`). Per block that gives qkv, proj, fc1 and fc2; the two attention
 products share the module `blocks.N.attn` and form one group; outside the blocks, the patch embedding and the
-head, and the attention-pool head's q, kv, attention, proj and MLP (SigLIP). Other blocks' GEMMs are named by
-their module (SwiGLU's fc1_g and fc1_x, a parallel block's in_proj and out projections). Placements that quantize
+head, and the attention-pool head's q, kv, attention, proj and MLP (SigLIP). Separate projections are q, k and v
+(EVA02, Sapiens2), SwiGLU's two input projections fc1_gate and fc1; other blocks' GEMMs are named by their module (a
+parallel block's in_proj and out projections). Placements that quantize
 other nodes (ModelOpt's LayerNorm inputs and residual Adds) get groups of their own by the same rule.
 """
 
@@ -18,6 +19,8 @@ from .qdq import GemmSelection
 
 _BLOCK = re.compile(r"^(?:.*\.)?blocks\.(\d+)(?:\.(.*))?$")
 KIND_NAMES = {"attn.qkv": "qkv", "attn.proj": "proj", "mlp.fc1": "fc1", "mlp.fc2": "fc2", "attn": "attention",
+              # separate projections (EVA02, Sapiens2, ...) and SwiGLU's two input projections
+              "attn.q_proj": "q", "attn.k_proj": "k", "attn.v_proj": "v", "mlp.fc1_g": "fc1_gate", "mlp.fc1_x": "fc1",
               "patch_embed.proj": "patch_embed", "": "residual",
               # the attention-pool head (SigLIP's 'map'): its query, key/value, attention, projection and MLP
               "attn_pool.q": "pool_q", "attn_pool.kv": "pool_kv", "attn_pool": "pool_attention",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..artifacts.folder import ModelFolder, artifact_kind, onnx_digest
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
-from ..artifacts.verify import BROKEN, MISSING, check_onnx, digest
+from ..artifacts.verify import digest
 from ..backends.ort_session import interleaved_latency, optimization_for
 from ..errors import ParityError, VitexportError
 from ..model.labels import class_names
@@ -21,6 +21,7 @@ from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_file
 from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, open_validation
+from .attention import attention_attempts, without_attention
 from .check import check_against_fp32, fp32_reference
 from .convert import graph_precision
 from .fp16 import write_fp16
@@ -97,32 +98,6 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
         finally:
             if held is not None:
                 held.close()
-
-
-LONG_SEQUENCE = 512  # tokens from which the CPU INT8 graph tries its attention products in INT8 too
-
-
-def attention_attempts(precision: str, manifest: Manifest, opts: CalibOptions, held: ValidationSet | None,
-                       log: Log) -> list[bool | None]:
-    """The attention products of the CPU INT8 graph, as asked (--quantize-attention / --no-quantize-attention), or
-    by default: for a sequence of LONG_SEQUENCE tokens or more, where the two products (2 N^2 D a block) outweigh
-    much of the weight GEMMs (12 N D^2) and stop INT8 from paying, they are tried in INT8 first and kept only if the
-    held-out check passes ([True, False]); a shorter one leaves them in FP32. None: as the options say (their
-    default: the weight GEMMs only), nothing tried."""
-    asked = opts.int8.quantize_attention
-    if precision != "int8" or asked is not None:
-        return [None]
-    tokens = manifest.grid[0] * manifest.grid[1] + int(manifest.config.get("class_token", True)) + \
-        int(manifest.config.get("reg_tokens", 0))
-    if tokens < LONG_SEQUENCE:
-        return [None]  # the weight GEMMs only, calibrated as the TensorRT graph is: one calibration for both
-    if held is None:
-        log.warn(f"{tokens} tokens: the attention products would pay in INT8, but without the held-out check "
-                 f"(--no-check) nothing measures what that costs: they stay in FP32 (--quantize-attention forces "
-                 f"them).")
-        return [None]
-    log.info(f"{tokens} tokens: the attention products are tried in INT8 too, and kept if the held-out check passes.")
-    return [True, False]
 
 
 def _make(folder: ModelFolder, precision: str, fp32: Path, fp32_sha: str, manifest: Manifest, record: PrecisionRecord,
@@ -302,16 +277,6 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
     return cal.key, cal.reused, verdict
 
 
-def without_attention(fp32: Path, selection: GemmSelection) -> GemmSelection:
-    """The selection with its attention products (MatMuls of two activations) left in float."""
-    from ..tensorrt_engine.fusion import constant_names
-
-    graph = read_graph(fp32).graph
-    consts = constant_names(graph)
-    products = {n.name for n in graph.node if n.op_type == "MatMul" and not any(i in consts for i in n.input[:2])}
-    return without_nodes(selection, products)
-
-
 def _can_fall_back(held: ValidationSet | None, max_drop: float | None = None) -> None:
     """What a fallback needs, said before minutes of calibrating and measuring."""
     if held is None:
@@ -423,42 +388,3 @@ def run_sensitivity(model_dir: ModelFolder | Path, kind: str, opts: CalibOptions
                 sim.close()
     finally:
         held.close()
-
-
-def stale_reason(folder: ModelFolder, kind: str, calib: CalibOptions | None) -> str | None:
-    """Why the `kind` ONNX must be made (again), or None when the one in the folder is current.
-
-    Current: the file exists, was made from the FP32 export's present bytes, is the file its record describes,
-    and (when `calib` is given) was made with those options.
-    """
-    manifest = folder.read_manifest()
-    out, rec = folder.onnx(kind), manifest.precisions.get(kind)
-    check = check_onnx(folder, kind, manifest)  # the rules every command applies (an 8-bit CPU INT8 graph: stale)
-    if rec is None or check.status in (MISSING, BROKEN) or rec.source_sha256 != manifest.onnx_sha256:
-        return f"{out.name} is missing or was made from another model: making it now."
-    if calib is not None and not _made_with(rec, kind, calib, manifest):
-        return f"{out.name} was made with other options: making it again."
-    if not check.ok:
-        return f"{out.name} {check.reason}: making it again."
-    return None
-
-
-def _made_with(rec: PrecisionRecord, kind: str, calib: CalibOptions, manifest: Manifest) -> bool:
-    """Whether an existing conversion record matches the options asked for now."""
-    if kind == "fp16-trt":
-        return not rec.keep_fp32  # the TensorRT-shaped graph keeps nothing in FP32, whatever --keep-fp32 says
-    if artifact_kind(kind).precision == "fp16":
-        return list(rec.keep_fp32 or []) == list(calib.keep_fp32)
-    cal = rec.calibration
-    if cal is None:
-        return False
-    if kind == "int8-trt" and (rec.qdq or {}).get("placement", "vitexport") != placement_of(kind, calib.int8):
-        return False
-    data = Path(calib.data) if calib.data else default_calib_dir(manifest.variant)
-    wanted = {"data": str(data.resolve()), "requested_samples": calib.samples, **calib.int8.to_dict(),
-              "smoothquant": calib.int8.smoothquant}
-    asked = wanted.pop("quantize_attention")  # the default (None) chose; otherwise it is what the file has
-    have = cal.to_dict()
-    attention_ok = cal.attention_auto if asked is None else (not cal.attention_auto and cal.quantize_attention == asked)
-    return attention_ok and all(have.get(k) == v for k, v in wanted.items()) and \
-        (cal.fallback or {}).get("target", {}) == calib.int8.target()

@@ -23,7 +23,7 @@ class Int8Settings:
     method: str = "percentile"  # one of CALIB_METHODS
     percentile: float = DEFAULT_PERCENTILE  # for the percentile method
     # also quantize Q.K^T and A.V (MatMul with two activations); None: the CPU graph of a long sequence does,
-    # when its held-out check passes (precision/prepare.attention_attempts)
+    # when its held-out check passes (precision/attention.attention_attempts)
     quantize_attention: bool | None = None
     exclude_nodes: list[str] = field(default_factory=list)  # node names, as in the exported graph
     exclude_blocks: list[int] = field(default_factory=list)  # whole transformer blocks kept in float

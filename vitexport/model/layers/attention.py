@@ -96,10 +96,9 @@ class Attention(nn.Module):
         """(B, N, D) -> q (B, H, N, hd), k and v (B, Hkv, N, hd)."""
         B, N, _ = x.shape
         if self.qkv is not None:
+            qkv = self.qkv(x)  # (B, N, 3D): through the module, so its GEMM is named blocks.N.attn.qkv
             if self.q_bias is not None:
-                qkv = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
-            else:
-                qkv = self.qkv(x)
+                qkv = qkv + torch.cat((self.q_bias, self.k_bias, self.v_bias))
             q, k, v = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
             return q, k, v
         q = self.q_proj(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
