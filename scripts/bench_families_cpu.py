@@ -58,7 +58,7 @@ def main() -> None:
         name, _, size = model.partition("@")
         spec = user_spec(name, img_size=parse_img_size(size) if size else None)
         folder = spec.default_folder()
-        fp32 = ensure_artifact(folder.path, "fp32", spec=spec, log=log).path
+        fp32 = ensure_artifact(None, "fp32", spec=spec, log=log).path  # the default folder, exported when missing
         int8 = ensure_artifact(folder.path, "int8", calib=calib, log=log).path
         manifest = folder.read_manifest()
         attn_int8 = manifest.precisions["int8"].calibration.quantize_attention

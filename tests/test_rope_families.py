@@ -350,7 +350,20 @@ def test_the_new_blocks_gemms_are_quantized_and_grouped(sapiens_like, tmp_path):
     from vitexport.precision.int8 import selection_for
     from vitexport.precision.settings import Int8Settings
 
-    groups = gemm_groups(selection_for(sapiens_like / "model.onnx", Int8Settings(), "int8"))
+    import onnx
+
+    from vitexport.precision.qdq import signed_permutations
+
+    selection = selection_for(sapiens_like / "model.onnx", Int8Settings(), "int8")
+    groups = gemm_groups(selection)
+    # RoPE's x @ R (a signed permutation: data movement) is never quantized, in either selection
+    graph = onnx.load(sapiens_like / "model.onnx").graph
+    rotations = signed_permutations(graph)
+    by_r = {n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in rotations}
+    assert len(by_r) == 4, by_r  # q and k of 2 blocks
+    assert not by_r & set(selection.nodes)
+    assert not by_r & set(selection_for(sapiens_like / "model.onnx", Int8Settings(quantize_attention=True),
+                                        "int8").nodes)
     kinds = {(g.block, g.kind) for g in groups}
     assert {(b, k) for b in (0, 1) for k in ("q", "k", "v", "proj", "fc1", "fc2")} <= kinds, kinds
     assert (None, "patch_embed") in kinds
@@ -373,3 +386,20 @@ def test_the_new_blocks_gemms_are_quantized_and_grouped(sapiens_like, tmp_path):
     for args in (["--min-cos", "0.99999"], ["--smoothquant"], ["--target", "tensorrt", "--placement", "modelopt"]):
         r = CliRunner().invoke(cli, ["quantize", str(folder), "--int8", *args, "-q"])
         assert r.exit_code == 0, (args, r.output)
+
+
+@pytest.mark.parametrize("rope", ["cat", "dinov3", "mixed"])
+def test_a_fixed_size_table_is_a_constant_and_a_dynamic_one_is_computed_in_the_graph(rope):
+    """At a fixed size no Sin, Cos or Range is left for a runtime (mixed RoPE's table from its learned frequencies as
+    the export found them); at a dynamic size the table is computed from the input's grid, without If or Loop."""
+    from vitexport.export.to_onnx import _trace
+    from vitexport.tensorrt_engine.graph_rules import rule_breakers
+
+    fields = dict(family="eva", rope=rope, embed_dim=64, num_heads=4, depth=2, img_size=(48, 32), patch_size=16,
+                  num_classes=3, rope_rotate_half=rope == "dinov3")
+    for dynamic in (False, True):
+        model = build_model(ViTConfig(**fields, dynamic_img_size=dynamic))
+        proto = _trace(model, 18, 2, img_size_range=((32, 32), (96, 96)) if dynamic else None)
+        ops = {n.op_type for n in proto.graph.node}
+        assert not rule_breakers(proto)
+        assert ({"Sin", "Cos", "Range"} <= ops) == dynamic and not ({"Sin", "Cos"} & ops and not dynamic), ops

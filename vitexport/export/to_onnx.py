@@ -79,6 +79,9 @@ def _trace(model: VisionTransformer, opset: int, example_batch: int, img_size_ra
     model = WithOutputs(model.eval(), outputs) if tuple(outputs) != (OUTPUT_NAME,) or model.cfg.num_classes <= 0 \
         else model.eval()
     model.set_fused_attn(False)  # explicit MatMul/Softmax: what every runtime and quantizer understands
+    inner = getattr(model, "model", model)
+    if hasattr(inner, "freeze_tables"):  # position tables computed once from the final weights: constants
+        inner.freeze_tables()
     cfg = model.cfg
     x = torch.randn(example_batch, cfg.in_chans, *cfg.img_size)
     batch = torch.export.Dim("batch", min=1, max=65536)

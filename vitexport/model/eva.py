@@ -26,7 +26,7 @@ from .layers.blocks import EVA_BLOCK_LAYERS, BlockArgs
 from .layers.norm import act_factory, norm_factory
 from .layers.patch import PatchEmbed
 from .layers.pool import AttentionPoolLatent
-from .layers.rope import make_rope
+from .layers.rope import make_rope, with_prefix
 from .posembed import interpolate_pos_embed
 
 
@@ -59,14 +59,19 @@ class Eva(TransformerBase):
         self.rope = make_rope(cfg.rope, head_dim, cfg.depth, cfg.num_heads, cfg.rope_temperature,
                               cfg.rope_ref_grid, cfg.rope_grid_offset, cfg.rope_grid_indexing,
                               cfg.rope_rotate_half) if cfg.rope else None
+        # at a fixed size the table is a constant (sin and cos computed here, not in the graph); mixed RoPE's depends
+        # on its learned frequencies, so it is computed from them when the weights are final (freeze_tables)
+        constant = self.rope is not None and not cfg.dynamic_img_size and cfg.rope != "mixed"
+        self.register_buffer("rope_table", self._table(self.patch_embed.grid_size) if constant else None,
+                             persistent=False)
         self.norm_pre = norm_layer(D) if cfg.pre_norm else nn.Identity()
 
         parts = BlockArgs(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.qk_norm, cfg.scale_attn_norm,
                           cfg.scale_mlp_norm, cfg.proj_bias, cfg.init_values, norm_layer, act_factory(cfg.act_layer),
                           cfg.mlp_layer, "attn", proj_drop=cfg.drop_rate, attn_drop=cfg.attn_drop_rate,
                           hidden_features=cfg.hidden_features, qkv_fused=cfg.qkv_fused, k_bias=cfg.k_bias,
-                          num_kv_heads=cfg.num_kv_heads, rotate_half=cfg.rope_rotate_half,
-                          num_prefix_tokens=self.num_prefix_tokens, attn_only_layer_scale=cfg.attn_only_layer_scale)
+                          num_kv_heads=cfg.num_kv_heads, rotate_half=cfg.rope_rotate_half if cfg.rope else None,
+                          attn_only_layer_scale=cfg.attn_only_layer_scale)
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         block = EVA_BLOCK_LAYERS[cfg.block_fn]
         self.blocks = nn.ModuleList([block(parts, depth=i, drop_path=dpr[i]) for i in range(cfg.depth)])
@@ -80,6 +85,17 @@ class Eva(TransformerBase):
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.pre_logits = nn.Identity()
         self.head = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+
+    def freeze_tables(self) -> None:
+        """Before an export: a fixed-size mixed RoPE's table computed from its frequencies as they are now, so the
+        graph holds it as a constant (the other flavours' tables are constants from the start)."""
+        if self.rope is not None and not self.dynamic_img_size and self.cfg.rope == "mixed":
+            with torch.no_grad():
+                self.register_buffer("rope_table", self._table(self.patch_embed.grid_size), persistent=False)
+
+    def _table(self, grid: tuple) -> torch.Tensor:
+        """The RoPE table of the whole sequence: the patch grid's, after rows that leave the prefix as it is."""
+        return with_prefix(self.rope(grid), self.num_prefix_tokens)
 
     # -- forward ------------------------------------------------------------------------------------------
     def _pos_embed(self, x: torch.Tensor, grid: tuple | None) -> torch.Tensor:
@@ -98,7 +114,8 @@ class Eva(TransformerBase):
         grid = (x.shape[-2] // P[0], x.shape[-1] // P[1]) if self.dynamic_img_size else self.patch_embed.grid_size
         x = self.patch_embed(x)  # (B, N, D)
         x = self._pos_embed(x, grid if self.dynamic_img_size else None)  # (B, prefix+N, D)
-        rope = self.rope(grid) if self.rope is not None else None  # (N, 2*hd), mixed: (depth, heads, N, 2*hd)
+        rope = self.rope_table if self.rope_table is not None else self._table(grid) if self.rope is not None else None
+        # rope: (prefix+N, 2*hd); mixed: (depth, heads, prefix+N, 2*hd)
         x = self.norm_pre(x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, rope=rope[i] if rope is not None and rope.ndim == 4 else rope)

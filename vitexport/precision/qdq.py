@@ -104,19 +104,43 @@ def is_matrix_vector(graph, node) -> bool:
     return node.op_type == "Gemm" or (node.op_type == "MatMul" and _rank(graph, node.input[0]) == 2)
 
 
+PERMUTATION_MAX = 1024  # the largest side of a constant checked for being a signed permutation (RoPE's: the head size)
+
+
+def signed_permutations(graph) -> set[str]:
+    """The square constants of a graph (inline, at most PERMUTATION_MAX a side) that are signed permutations, one
+    +-1 in each row and column and zeros elsewhere: RoPE's rotation (x @ R), data movement, not a GEMM to quantize
+    (its product is exact in any float type; INT8 would only round its input)."""
+    from onnx import numpy_helper
+
+    found = set()
+    for t in graph.initializer:
+        if len(t.dims) != 2 or t.dims[0] != t.dims[1] or not 1 < t.dims[0] <= PERMUTATION_MAX or t.external_data:
+            continue
+        w = numpy_helper.to_array(t)
+        nonzero = w != 0
+        if np.all(np.abs(w[nonzero]) == 1) and np.all(nonzero.sum(0) == 1) and np.all(nonzero.sum(1) == 1):
+            found.add(t.name)
+    return found
+
+
 def select_gemms(graph, excluded: set[str], quantize_attention: bool = False,
                  skip_matrix_vector: bool = False) -> GemmSelection:
-    """The GEMMs to quantize: MatMul/Gemm/Conv with a constant weight, minus `excluded`.
+    """The GEMMs to quantize: MatMul/Gemm/Conv with a constant weight, minus `excluded` and the products by a
+    signed permutation (RoPE's rotation).
 
     quantize_attention adds the MatMuls of two activations (Q.K^T, A.V); skip_matrix_vector leaves (batch, K)
     products (the head) in float.
     """
     consts = constant_names(graph)
+    rotations = signed_permutations(graph)
     nodes, acts = [], []
     for node in graph.node:
         if node.op_type not in LINEAR_OPS or node.name in excluded:
             continue
         weight_const = len(node.input) > 1 and node.input[1] in consts
+        if weight_const and node.input[1] in rotations:
+            continue
         if not weight_const and not (quantize_attention and node.op_type == "MatMul"):
             continue
         if weight_const and skip_matrix_vector and is_matrix_vector(graph, node):

@@ -4,8 +4,9 @@ projection) and ``diff`` (differential attention: two softmax maps subtracted, s
 `Attention` also takes what the RoPE and relative-position ViTs (EVA, DINOv3, BEiT, ...; `model/eva.py`,
 `model/beit.py`) add, each as timm names its tensors: separate q/k/v projections (`qkv_fused=False`); biases on the
 query and the value only (`k_bias=False`: EVA and BEiT learn no key bias, timm's `q_bias`/`v_bias`); fewer key/value
-heads than query heads (grouped-query attention, `num_kv_heads`); a RoPE table rotating q and k past the prefix
-tokens (`forward(x, rope=...)`); and an additive bias on the attention logits (BEiT's relative position bias, its
+heads than query heads (grouped-query attention, `num_kv_heads`); a RoPE table of the whole sequence rotating q and
+k (`forward(x, rope=...)`; `rotate_half` gives the layout, its prefix rows leave the class and register tokens as
+they are); and an additive bias on the attention logits (BEiT's relative position bias, its
 own table `relative_position_bias_table` per block, or a shared one passed in as `attn_bias`).
 
 `fused_attn` picks PyTorch's fused kernel (eager) or the explicit MatMul -> Softmax -> MatMul form, which is what
@@ -24,7 +25,7 @@ from torch import nn
 from ...errors import VitexportError
 from .norm import RmsNorm
 from .relpos import RelPosGrid, table_size
-from .rope import apply_rope
+from .rope import apply_rope, rotation_matrix
 
 NormFactory = Callable[[int], nn.Module]
 
@@ -54,7 +55,7 @@ class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
                  scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
                  norm_layer: NormFactory | None = None, depth: int = 0, qkv_fused: bool = True, k_bias: bool = True,
-                 num_kv_heads: int | None = None, rotate_half: bool = False, num_prefix_tokens: int = 0,
+                 num_kv_heads: int | None = None, rotate_half: bool | None = None,
                  rel_pos_window: tuple[int, int] | None = None):
         super().__init__()
         if dim % num_heads != 0:
@@ -65,7 +66,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, kv_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.rotate_half, self.num_prefix_tokens = rotate_half, num_prefix_tokens
+        if rotate_half is not None:  # a RoPE ViT's: the rotation's signed permutation, (hd, hd)
+            self.register_buffer("rope_rotation", rotation_matrix(self.head_dim, rotate_half), persistent=False)
         kv_dim = self.head_dim * kv_heads
         self.qkv = self.q_proj = self.k_proj = self.v_proj = None
         self.q_bias = self.v_bias = None
@@ -113,9 +115,8 @@ class Attention(nn.Module):
         B, N, C = x.shape
         q, k, v = self.project(x)  # (B, H, N, hd), (B, Hkv, N, hd) x 2
         q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:  # the patch tokens' queries and keys rotated by their positions
-            q = apply_rope(q, rope, self.rotate_half, self.num_prefix_tokens)
-            k = apply_rope(k, rope, self.rotate_half, self.num_prefix_tokens)
+        if rope is not None:  # queries and keys rotated by their positions (the prefix rows of the table: by none)
+            q, k = apply_rope(q, rope, self.rope_rotation), apply_rope(k, rope, self.rope_rotation)
         groups = self.num_heads // self.num_kv_heads
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         if self.rel_pos_window is not None:

@@ -81,8 +81,7 @@ class BlockArgs:
     qkv_fused: bool = True  # one qkv GEMM, or q/k/v projections of their own
     k_bias: bool = True  # False: q and v biases only (EVA, BEiT)
     num_kv_heads: tuple[int | None, ...] | None = None  # per block: key/value heads (grouped-query attention)
-    rotate_half: bool = False  # the RoPE layout
-    num_prefix_tokens: int = 0  # tokens RoPE leaves unrotated
+    rotate_half: bool | None = None  # the RoPE layout (halves or interleaved); None: no RoPE
     rel_pos_window: tuple[int, int] | None = None  # each block's own relative position bias table, at this window
     attn_only_layer_scale: bool = False
 
@@ -94,7 +93,7 @@ class BlockArgs:
         extra = {} if self.attn_layer != "attn" else dict(
             qkv_fused=self.qkv_fused, k_bias=self.k_bias, rotate_half=self.rotate_half,
             num_kv_heads=self.num_kv_heads[depth] if self.num_kv_heads else None,
-            num_prefix_tokens=self.num_prefix_tokens, rel_pos_window=self.rel_pos_window)
+            rel_pos_window=self.rel_pos_window)
         return ATTN_LAYERS[self.attn_layer](
             self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
             scale_norm=self.scale_attn_norm, proj_bias=self.proj_bias, attn_drop=self.attn_drop,
