@@ -343,7 +343,7 @@ def test_a_long_sequence_s_attention_goes_int8_when_its_check_passes(long_sequen
     folder = copy_export(long_sequence, tmp_path / "m")
     r = CliRunner().invoke(cli, ["quantize", str(folder), "--int8"])
     assert r.exit_code == 0, r.output
-    assert "577 tokens: the attention products are tried in INT8" in r.output
+    assert "577 tokens (64% of the work in attention): the attention products are tried" in r.output
     cal = ModelFolder(folder).read_manifest().precisions["int8"].calibration
     assert cal.attention_auto and cal.quantize_attention and _attention_in_int8(folder / "model.int8.onnx")
     from vitexport.precision.currency import stale_reason
@@ -379,6 +379,39 @@ def test_a_long_sequence_whose_int8_attention_misses_keeps_it_in_fp32(long_seque
     cal = ModelFolder(folder).read_manifest().precisions["int8"].calibration
     assert cal.attention_auto and not cal.quantize_attention
     assert not _attention_in_int8(folder / "model.int8.onnx")
+
+
+def test_the_attention_share_is_the_graphs_own(long_sequence):
+    """attention_share against the exported graph's MatMuls: the multiply-adds of its two activation products over
+    those of every product in the blocks (the head's matrix-vector product left out); and the default's choice on
+    the shapes it is meant for."""
+    from vitexport.precision.attention import attention_share, sequence_tokens
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(long_sequence / "model.onnx")))
+    g = model.graph
+    shapes = {v.name: [d.dim_value or 1 for d in v.type.tensor_type.shape.dim]
+              for v in [*g.value_info, *g.input, *g.output]}
+    shapes.update({t.name: list(t.dims) for t in g.initializer})
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    attn = weights = 0
+    for n in g.node:
+        if n.op_type != "MatMul" or len(shapes[n.input[0]]) < 3:
+            continue
+        macs = int(np.prod(shapes[n.output[0]])) * shapes[n.input[0]][-1]
+        if any(i in consts for i in n.input):
+            weights += macs
+        else:
+            attn += macs
+    manifest = ModelFolder(long_sequence).read_manifest()
+    assert sequence_tokens(manifest) == 577
+    assert attention_share(manifest.config, 577) == pytest.approx(attn / (attn + weights), rel=1e-3)
+    # ViT-B/16 and ViT-L/14 at 224 stay out (197 tokens; 257 at width 1024: 4 %); DINOv3-S/16 at 256 (261 tokens,
+    # width 384: 10 %) and EVA02-S/14 at 336 (577 tokens, SwiGLU) are tried
+    from vitexport.precision.attention import ATTENTION_SHARE
+
+    assert attention_share({"embed_dim": 1024}, 257) < ATTENTION_SHARE
+    assert attention_share({"embed_dim": 384}, 261) > ATTENTION_SHARE
+    assert attention_share({"embed_dim": 384, "mlp_ratio": 8 / 3, "mlp_layer": "swiglu"}, 577) > 0.15
 
 
 def test_a_short_sequence_or_no_check_leaves_attention_in_fp32(digits, long_sequence, tmp_path):

@@ -235,7 +235,8 @@ CALIB = OptionGroup(
              show_default=True, help="Percentile for --calib-method percentile."),
         opt("--quantize-attention/--no-quantize-attention", default=None,
             help="INT8: the attention matrix products (Q.K^T, A.V) in INT8 too, or not. Default: the CPU graph of a "
-                 "sequence of 512 tokens or more tries them in INT8 and keeps them if the held-out check passes."),
+                 "sequence of 256 tokens or more, where they are 8% or more of the work, tries them in INT8 and keeps "
+                 "them if the held-out check passes."),
         opt("--placement", type=click.Choice(PLACEMENTS), default="vitexport", show_default=True,
             help="INT8 for TensorRT: where the Q/DQ go: the weight GEMMs' inputs, or ModelOpt's placement (also "
                  "the attention products, the LayerNorm inputs and the residual Adds)."),
