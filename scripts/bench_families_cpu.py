@@ -29,7 +29,7 @@ from vitexport.ensure import ensure_artifact
 from vitexport.environment import cpu_flags, cpu_model
 from vitexport.model.spec import user_spec
 from vitexport.model.variants import parse_img_size
-from vitexport.parity.compare import compare
+from vitexport.parity.accumulate import compare
 from vitexport.paths import default_heldout_dir
 from vitexport.precision import CalibOptions
 from vitexport.precision.settings import Int8Settings

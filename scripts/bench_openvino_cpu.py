@@ -28,7 +28,7 @@ from vitexport.backends.openvino_backend import OpenVinoRunner, cpu_capabilities
 from vitexport.data.images import load_folder
 from vitexport.ensure import ensure_artifact, open_model
 from vitexport.environment import cpu_flags, cpu_model
-from vitexport.parity.compare import compare
+from vitexport.parity.accumulate import compare
 from vitexport.paths import default_heldout_dir
 from vitexport.precision import CalibOptions
 from vitexport.progress import Log

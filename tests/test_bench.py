@@ -24,7 +24,8 @@ from vitexport.ensure import ensure_artifact
 from vitexport.environment import cpu_has_bf16
 from vitexport.errors import BackendUnavailable
 from vitexport.export.torch_model import model_from_manifest
-from vitexport.parity.compare import compare, judge
+from vitexport.parity.accumulate import compare
+from vitexport.parity.compare import judge
 from vitexport.paths import sha256_file
 from vitexport.precision import CalibOptions
 

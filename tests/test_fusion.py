@@ -24,7 +24,8 @@ from vitexport.data.images import load_folder
 from vitexport.model.variants import DIGITS_VARIANT, VARIANTS
 from vitexport.precision.calibrate import calibrate
 from vitexport.precision.convert import convert_fp16
-from vitexport.precision.qdq import select_gemms, write_trt_int8
+from vitexport.precision.qdq import write_trt_int8
+from vitexport.precision.selection import select_gemms
 from vitexport.tensorrt_engine.engine_info import engine_problems, parse_engine_information
 from vitexport.tensorrt_engine.fusion import (
     LINEAR_OPS,

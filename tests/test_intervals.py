@@ -11,8 +11,8 @@ from scipy.stats import binomtest
 
 from vitexport.cli import cli
 from vitexport.model.variants import DIGITS_VARIANT
-from vitexport.parity.accumulate import ParityAccumulator
-from vitexport.parity.compare import DEFAULT_THRESHOLDS, Thresholds, compare, judge
+from vitexport.parity.accumulate import ParityAccumulator, compare
+from vitexport.parity.compare import DEFAULT_THRESHOLDS, Thresholds, judge
 from vitexport.parity.stats import EXACT_SEARCH_LIMIT, clopper_pearson, images_to_resolve, paired_drop
 
 

@@ -186,3 +186,68 @@ def test_commands_that_export_nothing_never_load_torch():
     code = "import sys, vitexport.ensure, vitexport.cli.quantize_cmd; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+# -- no circles ---------------------------------------------------------------------------------------------------
+
+def _module_name(path: Path, package_root: Path) -> str:
+    parts = list(path.relative_to(package_root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_circles(package_root: Path) -> list[str]:
+    """'a -> b -> ... -> a' for each circle of the module import graph (lazy and type-only imports included: a
+    circle a function-level import hides is still two modules that each need the other). An import of a name from
+    a package counts as an import of the package's __init__, or of its submodule when the name is one."""
+    paths = sorted(package_root.rglob("*.py"))
+    modules = {_module_name(p, package_root) for p in paths}
+    edges: dict[str, set[str]] = {}
+    for path in paths:
+        me = _module_name(path, package_root)
+        targets = {m for _, m in _imports(path, package_root) if m in modules and m != me}
+        edges[me] = targets
+    # Tarjan's strongly connected components; each component of two or more modules is a circle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(" -> ".join(sorted(component)) + " -> " + min(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert not import_circles(PACKAGE), import_circles(PACKAGE)
+
+
+def test_the_check_finds_a_circle_through_a_lazy_import(tmp_path):
+    copy = _copy_package(tmp_path)
+    planted = copy / "parity" / "stats.py"
+    planted.write_text(planted.read_text() + "\n\ndef _late():\n    from .accumulate import compare\n")
+    circles = import_circles(copy)
+    assert len(circles) == 1 and {"vitexport.parity.accumulate", "vitexport.parity.stats"} <= \
+        set(circles[0].split(" -> ")), circles

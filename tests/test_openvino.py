@@ -23,7 +23,8 @@ from vitexport.validate.labels import model_labels as labels_for_model
 from vitexport.ensure import ensure_artifact
 from vitexport.errors import BackendUnavailable, ParityError
 from vitexport.openvino_ir.convert import make_ir
-from vitexport.parity.compare import Thresholds, compare, judge
+from vitexport.parity.accumulate import compare
+from vitexport.parity.compare import Thresholds, judge
 from vitexport.paths import sha256_file, staging_prefix
 from vitexport.precision import CalibOptions
 

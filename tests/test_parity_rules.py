@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from vitexport.parity.compare import DEFAULT_THRESHOLDS, ParityStats, Thresholds, compare, describe, judge
+from vitexport.parity.accumulate import compare
+from vitexport.parity.compare import DEFAULT_THRESHOLDS, ParityStats, Thresholds, describe, judge
 from vitexport.parity.stats import clopper_pearson
 
 

@@ -19,10 +19,10 @@ from vitexport.precision.qdq import (
     LINEAR_OPS,
     insert_qdq,
     quantize_weight,
-    select_gemms,
     trt_int8_invariants,
     write_trt_int8,
 )
+from vitexport.precision.selection import select_gemms
 
 CALIB = ROOT / "calibration" / "digits" / "calib"
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"

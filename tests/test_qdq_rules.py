@@ -17,16 +17,14 @@ from vitexport.precision.qdq import (
     INT8_MAX,
     MIN_SCALE,
     TRT_INT8_OPSET,
-    GemmSelection,
     _weight_axis,
     activation_scale,
     insert_qdq,
-    is_matrix_vector,
     quantize_weight,
-    select_gemms,
     trt_int8_invariants,
     write_trt_int8,
 )
+from vitexport.precision.selection import GemmSelection, is_matrix_vector, select_gemms
 from vitexport.tensorrt_engine.fusion import quantized_gemms
 
 RNG = np.random.default_rng(11)

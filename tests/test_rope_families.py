@@ -352,7 +352,7 @@ def test_the_new_blocks_gemms_are_quantized_and_grouped(sapiens_like, tmp_path):
 
     import onnx
 
-    from vitexport.precision.qdq import signed_permutations
+    from vitexport.precision.selection import signed_permutations
 
     selection = selection_for(sapiens_like / "model.onnx", Int8Settings(), "int8")
     groups = gemm_groups(selection)

@@ -89,7 +89,8 @@ def built(model_dir):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_engine_matches_onnxruntime_at_three_batches(built, inputs, reference, precision):
     from vitexport.backends.tensorrt import TensorRTRunner
-    from vitexport.parity.compare import compare, judge
+    from vitexport.parity.accumulate import compare
+    from vitexport.parity.compare import judge
 
     res = built(precision)
     assert res.plan_path.name == f"model.{precision}.plan"
@@ -156,7 +157,8 @@ def test_second_build_reuses_the_timing_cache(model_dir):
 @needs_tensorrt
 def test_fp32_engine_is_the_reference(model_dir, inputs, reference):
     from vitexport.backends.tensorrt import TensorRTRunner
-    from vitexport.parity.compare import compare, judge
+    from vitexport.parity.accumulate import compare
+    from vitexport.parity.compare import judge
 
     res = _build(model_dir, "fp32")
     assert res.sidecar["build_options"]["tf32"] is False
@@ -172,7 +174,8 @@ def test_onnxruntime_gpu_providers_bind_inputs_and_outputs_on_the_device(model_d
     from vitexport.artifacts.folder import ModelFolder
     from vitexport.backends.ort_backend import OrtRunner
     from vitexport.errors import BackendUnavailable
-    from vitexport.parity.compare import compare, judge
+    from vitexport.parity.accumulate import compare
+    from vitexport.parity.compare import judge
 
     runner = OrtRunner(ModelFolder(model_dir).onnx("fp32"), "fp32", ep=ep)
     try:

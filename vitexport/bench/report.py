@@ -1,4 +1,4 @@
-"""Bench reports: a terminal table, and JSON / Markdown / CSV / PNG files."""
+"""Bench reports: a terminal table, and the JSON / Markdown / CSV texts of the files (`outputs.py` writes them)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import io
 import json
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from ..paths import write_text_atomic
 from .figures import figure_lines, labels_line, source_line, unsettled_line
 from .run import BackendResult, BenchReport
 
@@ -349,19 +347,4 @@ def to_csv(report: BenchReport) -> str:
     return buf.getvalue()
 
 
-def write_outputs(report: BenchReport, json_path=None, markdown_path=None, csv_path=None, plot_path=None) -> list[Path]:
-    written = []
-    for path, render in ((json_path, to_json), (markdown_path, to_markdown), (csv_path, to_csv)):
-        if path:
-            write_text_atomic(Path(path), render(report))
-            written.append(Path(path))
-    if plot_path:
-        from .plot import plot  # matplotlib, only for a plot
-
-        plot(report, Path(plot_path))
-        written.append(Path(plot_path))
-    return written
-
-
-__all__ = ["BackendResult", "BenchRow", "print_table", "rows", "to_csv", "to_json", "to_markdown",
-           "write_outputs"]
+__all__ = ["BackendResult", "BenchRow", "print_table", "rows", "to_csv", "to_json", "to_markdown"]

@@ -188,7 +188,8 @@ def bench_command(target, spec, opts, endpoint, no_prepare, files, log):
     from ..preflight import check_bench
 
     check_bench(target, spec, opts["batches"])  # a --batch that cannot fit: refused before torch is even loaded
-    from ..bench.report import print_table, skipped_count, write_outputs
+    from ..bench.outputs import write_outputs
+    from ..bench.report import print_table, skipped_count
     from ..bench.run import BenchOptions, prepare_bench, run_bench
     from ..bench.served import EndpointOptions
 

@@ -10,7 +10,8 @@ from ..artifacts.manifest import BatchCheck
 from ..backends.ort_session import create_session
 from ..errors import ParityError
 from ..model.vit import VisionTransformer
-from ..parity.compare import Thresholds, compare, export_thresholds
+from ..parity.accumulate import compare
+from ..parity.compare import Thresholds, export_thresholds
 from ..progress import QUIET, Log
 from ..model.outputs import compute
 from .to_onnx import INPUT_NAME, OUTPUT_NAME

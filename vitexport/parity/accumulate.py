@@ -152,3 +152,11 @@ class ParityAccumulator:
             out.append({"class": int(c), "n": int(m.sum()), "acc_ref": float(self.right["ref1"][m].mean()),
                         "acc": float(self.right["out1"][m].mean())})
         return out
+
+
+def compare(ref: np.ndarray, out: np.ndarray, labels: np.ndarray | None = None) -> ParityStats:
+    """ref, out: (N, C) logits (or (N, ...) features, flattened per sample), all at once: the streamed figures of
+    one batch."""
+    acc = ParityAccumulator(len(ref), labels)
+    acc.update(0, ref, out)
+    return acc.stats()

@@ -1,4 +1,5 @@
-"""Parity between two sets of logits: the numbers users need to trust a converted model.
+"""Parity between two sets of logits: the numbers users need to trust a converted model (`ParityStats`; gathered by
+`accumulate.py`), and the bounds that judge them.
 
 Thresholds are per precision, documented in docs/PARITY.md, and overridable. Each was chosen to pass an
 honest conversion and fail a broken one (tests show both).
@@ -8,11 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import numpy as np
-
 
 _ALWAYS = ("n", "max_abs", "mean_abs", "cos_min", "cos_mean", "top1_agree", "top5_agree", "acc_ref", "acc")
 
@@ -76,16 +72,6 @@ class ParityStats:
         d = asdict(self)
         hidden = ("top1_agree", "top5_agree", "top1_agree_ci", "disagree") if self.embedding else ()
         return {k: v for k, v in d.items() if (v is not None or k in _ALWAYS) and k not in hidden}
-
-
-def compare(ref: "np.ndarray", out: "np.ndarray", labels: "np.ndarray | None" = None) -> ParityStats:
-    """ref, out: (N, C) logits (or (N, ...) features, flattened per sample), all at once; the streamed figures
-    (parity.accumulate) of one batch."""
-    from .accumulate import ParityAccumulator  # numpy: the CLI reads this module's thresholds without it
-
-    acc = ParityAccumulator(len(ref), labels)
-    acc.update(0, ref, out)
-    return acc.stats()
 
 
 @dataclass

@@ -10,7 +10,7 @@ from ..progress import Log
 from ..validate.evaluate import ValidationSet
 from .graphs import read_graph
 from .groups import without_nodes
-from .qdq import GemmSelection
+from .selection import GemmSelection
 from .settings import CalibOptions
 
 LONG_SEQUENCE = 256  # tokens from which the CPU INT8 graph may try its attention products in INT8 too

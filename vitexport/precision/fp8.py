@@ -23,7 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..tensorrt_engine.fusion import attention_sites
-from .qdq import FP8, FP8_MAX, GemmSelection, select_gemms, selection_from, write_qdq
+from .qdq import FP8, FP8_MAX, write_qdq
+from .selection import GemmSelection, select_gemms, selection_from
 
 FP8_HEAD_SIZES = (9, 256)  # ModelOpt quantizes the attention products when 8 < head size <= 256
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .qdq import GemmSelection
+from .selection import GemmSelection
 
 _BLOCK = re.compile(r"^(?:.*\.)?blocks\.(\d+)(?:\.(.*))?$")
 KIND_NAMES = {"attn.qkv": "qkv", "attn.proj": "proj", "mlp.fc1": "fc1", "mlp.fc2": "fc2", "attn": "attention",

@@ -29,12 +29,11 @@ from .qdq import (
     FP8_MAX,
     INT8,
     INT8_MAX,
-    GemmSelection,
     QFormat,
-    select_gemms,
     trt_int8_invariants,
     write_qdq,
 )
+from .selection import GemmSelection, select_gemms
 
 CACHE_FORMAT = "vitexport-calibration/2"
 CALIB_BATCH = 4  # images per calibration run: memory is two batches of activations, whatever the image count

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..tensorrt_engine.fusion import attention_sites, constant_names, why_not_fused
-from .qdq import GemmSelection, select_gemms, selection_from
+from .selection import GemmSelection, select_gemms, selection_from
 
 
 def modelopt_selection(model, excluded: set[str]) -> GemmSelection:

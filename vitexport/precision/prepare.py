@@ -38,7 +38,7 @@ from .int8 import (
     selection_for,
     write_int8,
 )
-from .qdq import GemmSelection
+from .selection import GemmSelection
 from .ranges import Kept, measured_keep, overflow_hint
 from .sensitivity import Sensitivity, Simulator, Target, measure, search
 from .settings import CalibOptions

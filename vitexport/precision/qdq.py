@@ -1,4 +1,4 @@
-"""INT8 Q/DQ graphs: which GEMMs are quantized, and the two INT8 files written from one calibration.
+"""INT8 Q/DQ graphs: the two INT8 files written from one calibration (`selection.py` picks the GEMMs).
 
 Both put Q/DQ only on the *inputs* of the weight GEMMs (activations per tensor, weights per output channel,
 symmetric, zero point 0), never on their outputs; the logits, LayerNorm, Softmax, the attention products (by
@@ -17,7 +17,7 @@ and in the weights' range:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +30,7 @@ from ..tensorrt_engine.fusion import LINEAR_OPS, constant_names
 from .convert import (fp32_weights, inferred_types, load_weights, save_checked, to_fp16, topological_sort,
                       with_inferred_types)
 from .graphs import read_graph, take_graph
+from .selection import GemmSelection
 
 TRT_INT8_OPSET = 19  # FP16 scales in QuantizeLinear/DequantizeLinear need opset 19
 # FP8: from 21 on, Reshape/Squeeze/Transpose take FP8 tensors, which ONNX Runtime's Q/DQ propagation makes when it
@@ -64,90 +65,6 @@ class QFormat:
 
 INT8 = QFormat("int8", INT8_MAX, np.int8)
 FP8 = QFormat("fp8", FP8_MAX, ml_dtypes.float8_e4m3fn)  # E4M3, as TensorRT's FP8 GEMMs read (ModelOpt's fp8 mode)
-
-
-@dataclass
-class GemmSelection:
-    """Which nodes of the FP32 graph are quantized, and the tensors whose ranges calibration must measure."""
-
-    nodes: list[str]  # node names, in graph order
-    activations: list[str]  # activation inputs of those nodes (Q/DQ before the GEMM): what calibration measures
-    inputs: dict[str, tuple[int, ...]] = field(default_factory=dict)  # node -> the inputs quantized (default 0, 1)
-
-    def picked(self, node) -> range | tuple[int, ...]:
-        """The input indices of `node` (a selected node) that get a Q/DQ pair."""
-        return self.inputs.get(node.name, range(min(2, len(node.input))))
-
-
-def selection_from(graph, picks: dict[str, tuple[int, ...]]) -> GemmSelection:
-    """The selection of the nodes in `picks` (node -> the input indices to quantize), in graph order, with the
-    activations among those inputs (what calibration measures)."""
-    consts = constant_names(graph)
-    nodes = [n for n in graph.node if n.name in picks]
-    acts = [n.input[k] for n in nodes for k in picks[n.name] if k < len(n.input) and n.input[k] not in consts]
-    inputs = {n.name: picks[n.name] for n in nodes if tuple(picks[n.name]) != tuple(range(min(2, len(n.input))))}
-    return GemmSelection([n.name for n in nodes], list(dict.fromkeys(acts)), inputs)
-
-
-def _rank(graph, name: str) -> int | None:
-    for vi in list(graph.value_info) + list(graph.input) + list(graph.output):
-        if vi.name == name and vi.type.tensor_type.HasField("shape"):
-            return len(vi.type.tensor_type.shape.dim)
-    return None
-
-
-def is_matrix_vector(graph, node) -> bool:
-    """A GEMM whose activation is (batch, K): one row per image, a matrix-vector product per image (the head).
-
-    TensorRT gains nothing from INT8 there, and ModelOpt leaves such products in float.
-    """
-    return node.op_type == "Gemm" or (node.op_type == "MatMul" and _rank(graph, node.input[0]) == 2)
-
-
-PERMUTATION_MAX = 1024  # the largest side of a constant checked for being a signed permutation (RoPE's: the head size)
-
-
-def signed_permutations(graph) -> set[str]:
-    """The square constants of a graph (inline, at most PERMUTATION_MAX a side) that are signed permutations, one
-    +-1 in each row and column and zeros elsewhere: RoPE's rotation (x @ R), data movement, not a GEMM to quantize
-    (its product is exact in any float type; INT8 would only round its input)."""
-    from onnx import numpy_helper
-
-    found = set()
-    for t in graph.initializer:
-        if len(t.dims) != 2 or t.dims[0] != t.dims[1] or not 1 < t.dims[0] <= PERMUTATION_MAX or t.external_data:
-            continue
-        w = numpy_helper.to_array(t)
-        nonzero = w != 0
-        if np.all(np.abs(w[nonzero]) == 1) and np.all(nonzero.sum(0) == 1) and np.all(nonzero.sum(1) == 1):
-            found.add(t.name)
-    return found
-
-
-def select_gemms(graph, excluded: set[str], quantize_attention: bool = False,
-                 skip_matrix_vector: bool = False) -> GemmSelection:
-    """The GEMMs to quantize: MatMul/Gemm/Conv with a constant weight, minus `excluded` and the products by a
-    signed permutation (RoPE's rotation).
-
-    quantize_attention adds the MatMuls of two activations (Q.K^T, A.V); skip_matrix_vector leaves (batch, K)
-    products (the head) in float.
-    """
-    consts = constant_names(graph)
-    rotations = signed_permutations(graph)
-    nodes, acts = [], []
-    for node in graph.node:
-        if node.op_type not in LINEAR_OPS or node.name in excluded:
-            continue
-        weight_const = len(node.input) > 1 and node.input[1] in consts
-        if weight_const and node.input[1] in rotations:
-            continue
-        if not weight_const and not (quantize_attention and node.op_type == "MatMul"):
-            continue
-        if weight_const and skip_matrix_vector and is_matrix_vector(graph, node):
-            continue
-        nodes.append(node.name)
-        acts += [i for i in node.input[:2] if i and i not in consts]
-    return GemmSelection(nodes, list(dict.fromkeys(acts)))
 
 
 # -- helpers -----------------------------------------------------------------------------------------------

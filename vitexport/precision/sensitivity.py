@@ -34,7 +34,8 @@ from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, evaluate
 from .groups import Group, gemm_groups
 from .int8 import kind_format
-from .qdq import GemmSelection, QDQWriter, insert_qdq_from, qdq_sources
+from .qdq import QDQWriter, insert_qdq_from, qdq_sources
+from .selection import GemmSelection
 
 FLAGS = "vitexport_quantized_groups"  # the switched graph's second input: bool[groups], True = quantized
 SERIALIZED_MAX = 1_800_000_000  # a switched graph over this many bytes is saved with external data, not in memory

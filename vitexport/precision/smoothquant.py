@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VitexportError
-from .settings import DEFAULT_ALPHA  # noqa: F401 - 1 moves all of X's range into W, 0 all of W's into X
+# alpha (settings.DEFAULT_ALPHA): 1 moves all of X's range into W, 0 all of W's into X
 
 SCALE_RANGE = (1e-3, 1e3)  # s is clipped to this: a near-zero channel or weight row never makes s explode, and
 # LayerNorm's scale / s and W * s stay well inside FP16's normal range in the graphs shaped for TensorRT

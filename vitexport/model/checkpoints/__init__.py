@@ -16,50 +16,20 @@ model come from its config.json (`model.hf_configs`), not from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...artifacts.manifest import CheckpointRecord
 from ...errors import VitexportError
-from ..hub import origin
 from ..labels import checkpoint_labels
 from . import hf_dinov2, hf_vit, jax, timm, timm_naflex
 from .adapt import adapt_state_dict, describe_checkpoint, load_into
-from .common import StateDict
+from .common import Checkpoint, StateDict
 from .hf_clip import CLIP, SIGLIP
 from .reading import SHARD_INDEXES, WEIGHT_FILES, read_raw, resolve_weights, weights_digest
 
 # tried in this order: the first whose `matches` holds converts the file (timm last: the others' names are unlike it)
 FORMATS: tuple[Any, ...] = (jax, CLIP, SIGLIP, hf_dinov2, hf_vit, timm_naflex, timm)
-
-
-@dataclass
-class Checkpoint:
-    state_dict: StateDict  # timm parameter names
-    format: str  # a FORMATS module's NAME: 'timm' | 'timm-naflex' | 'jax' | 'hf-vit' | 'hf-dinov2' | 'hf-clip' | ...
-    path: Path  # the weights file that was read
-    sha256: str
-    hints: dict = field(default_factory=dict)  # config facts the file carries (norm_eps, grid, labels, ...)
-    fields: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields its tensors decide (transformers)
-    num_classes: int = field(init=False, default=0)  # the head's classes (0: none), kept when tensors are released
-
-    def __post_init__(self) -> None:
-        head = self.state_dict.get("head.weight")
-        self.num_classes = int(head.shape[0]) if head is not None else 0
-
-    def release(self) -> None:
-        """Drop the tensors once they are in a model: an export then holds one copy of the weights, not two."""
-        self.state_dict = {}
-
-    def record(self) -> CheckpointRecord:
-        """What the manifest keeps: the file, its bytes, and the hub repository and commit it came from."""
-        hub = origin(self.path)
-        if hub is None:
-            return CheckpointRecord(str(self.path.resolve()), self.sha256, self.format)
-        # inside the Hugging Face cache: the snapshot path (its config.json beside it), not the blob it links to
-        return CheckpointRecord(str(self.path.absolute()), self.sha256, self.format, repo=hub[0], revision=hub[1])
 
 
 def detect_format(raw: dict) -> ModuleType | Any:

@@ -7,17 +7,12 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from typing import TYPE_CHECKING
 
 from ...errors import VitexportError
 from ..base import TransformerBase
 from ..layers.relpos import EXTRA_TOKENS, resize_table
 from ..posembed import resample_pos_embed
-from .common import StateDict
-
-if TYPE_CHECKING:
-    from . import Checkpoint
-
+from .common import Checkpoint, StateDict
 
 def describe_checkpoint(sd: StateDict) -> str:
     """A short description of the architecture a state dict holds, for error messages."""
@@ -106,7 +101,7 @@ def _drop_heads(sd: StateDict) -> None:
         sd.pop(k, None)
 
 
-def load_into(model: TransformerBase, ckpt: "Checkpoint", pos_embed_interp: str) -> list[str]:
+def load_into(model: TransformerBase, ckpt: Checkpoint, pos_embed_interp: str) -> list[str]:
     """Load a checkpoint into a model in place; returns warnings for the user."""
     sd, notes = adapt_state_dict(ckpt.state_dict, model, pos_embed_interp, ckpt.hints.get("grid"))
     with warnings.catch_warnings():

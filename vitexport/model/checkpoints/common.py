@@ -1,15 +1,48 @@
-"""What the format modules share: the state-dict type, splitting a transformers checkpoint into its base model and
+"""What the format modules share: the state-dict type and the `Checkpoint` a read gives, splitting a transformers checkpoint into its base model and
 the heads around it, and fusing transformers' separate q, k, v projections into timm's one qkv."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from ...artifacts.manifest import CheckpointRecord
 from ...errors import VitexportError
+from ..hub import origin
 
 StateDict = dict[str, torch.Tensor]
+
+
+
+@dataclass
+class Checkpoint:
+    state_dict: StateDict  # timm parameter names
+    format: str  # a FORMATS module's NAME: 'timm' | 'timm-naflex' | 'jax' | 'hf-vit' | 'hf-dinov2' | 'hf-clip' | ...
+    path: Path  # the weights file that was read
+    sha256: str
+    hints: dict = field(default_factory=dict)  # config facts the file carries (norm_eps, grid, labels, ...)
+    fields: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields its tensors decide (transformers)
+    num_classes: int = field(init=False, default=0)  # the head's classes (0: none), kept when tensors are released
+
+    def __post_init__(self) -> None:
+        head = self.state_dict.get("head.weight")
+        self.num_classes = int(head.shape[0]) if head is not None else 0
+
+    def release(self) -> None:
+        """Drop the tensors once they are in a model: an export then holds one copy of the weights, not two."""
+        self.state_dict = {}
+
+    def record(self) -> CheckpointRecord:
+        """What the manifest keeps: the file, its bytes, and the hub repository and commit it came from."""
+        hub = origin(self.path)
+        if hub is None:
+            return CheckpointRecord(str(self.path.resolve()), self.sha256, self.format)
+        # inside the Hugging Face cache: the snapshot path (its config.json beside it), not the blob it links to
+        return CheckpointRecord(str(self.path.absolute()), self.sha256, self.format, repo=hub[0], revision=hub[1])
 
 
 def split_base(raw: dict, anchor: str) -> tuple[StateDict, StateDict]:

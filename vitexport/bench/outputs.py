@@ -1,0 +1,25 @@
+"""The bench report's files: JSON, Markdown and CSV (rendered by `report.py`) and the PNG plot (`plot.py`,
+matplotlib imported only for a plot), each written atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..paths import write_text_atomic
+from .report import to_csv, to_json, to_markdown
+from .run import BenchReport
+
+
+def write_outputs(report: BenchReport, json_path=None, markdown_path=None, csv_path=None, plot_path=None) -> list[Path]:
+    """Each report file asked for (None: not written); the paths written, in that order."""
+    written = []
+    for path, render in ((json_path, to_json), (markdown_path, to_markdown), (csv_path, to_csv)):
+        if path:
+            write_text_atomic(Path(path), render(report))
+            written.append(Path(path))
+    if plot_path:
+        from .plot import plot  # matplotlib, only for a plot
+
+        plot(report, Path(plot_path))
+        written.append(Path(plot_path))
+    return written
