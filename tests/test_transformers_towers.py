@@ -144,3 +144,66 @@ def test_another_model_type_is_one_sentence(tmp_path):
     r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "beit"), "-o", str(tmp_path / "out")])
     fails_cleanly(r, "'beit'")
     assert "vitexport builds" in r.output and not (tmp_path / "out").exists()
+
+
+def test_a_name_of_the_folder_s_shape_exports_the_folder_s_model(tmp_path):
+    """-m with a transformers folder, as timm users type it: the folder's config gives the model, -m names it."""
+    cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=6, num_attention_heads=2, intermediate_size=192,
+                                 image_size=160, patch_size=16, num_labels=3)
+    model = perturb(transformers.ViTForImageClassification(cfg))
+    model.save_pretrained(tmp_path / "saved")
+    transformers.ViTImageProcessorPil(size={"height": 160, "width": 160}).save_pretrained(tmp_path / "saved")
+    for extra in ([], ["--img-size", "64"]):
+        out = tmp_path / f"out{len(extra)}"
+        r = CliRunner().invoke(cli, ["onnx", "-m", "test_vit", "-c", str(tmp_path / "saved"), "-o", str(out), "-q",
+                                     *extra])
+        assert r.exit_code == 0, r.output
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["variant"] == "test_vit" and manifest["num_classes"] == 3
+        h, w = manifest["img_size"]
+        assert (h, w) == ((64, 64) if extra else (160, 160))
+        x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            want = model(pixel_values=x, interpolate_pos_encoding=True).logits.numpy()
+        got = run_onnx(out / "model.onnx", x.numpy())
+        assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("name,differs", [
+    ("vit_small_patch16_224", "width 72, depth 2, heads 3, patch 8x8, MLP ratio 2.77778"),
+    ("vit_small_patch8_224", "width 72, depth 2, heads 3, MLP ratio 2.77778 ("),  # the patch agrees
+])
+def test_a_name_of_another_shape_is_one_sentence_saying_how(tmp_path, name, differs):
+    save_tower("vit-classifier", tmp_path / "saved")
+    r = CliRunner().invoke(cli, ["onnx", "-m", name, "-c", str(tmp_path / "saved"), "-o", str(tmp_path / "out")])
+    fails_cleanly(r, f"-m {name} is")
+    assert f"holds a transformers ViTForImageClassification of {differs}" in r.output, r.output
+    assert "drop -m" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", [["predict", "{ckpt}", str(PHOTO)], ["bench", "{ckpt}"],
+                                     ["quantize", "{ckpt}", "--int8"], ["triton", "{ckpt}", "-o", "{tmp}/repo"],
+                                     ["openvino", "{ckpt}"], ["info", "{ckpt}"]])
+def test_a_checkpoint_given_as_the_model_is_named_with_the_command_that_exports_it(tmp_path, command):
+    save_tower("vit-classifier", tmp_path / "saved")
+    args = [a.format(ckpt=tmp_path / "saved", tmp=tmp_path) for a in command]
+    r = CliRunner().invoke(cli, args)
+    fails_cleanly(r, "is a transformers ViTForImageClassification checkpoint, not an exported model")
+    assert f"vitexport onnx -c {tmp_path / 'saved'}" in r.output
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == ["config.json", "model.safetensors",
+                                                                       "preprocessor_config.json"]
+
+
+def test_a_timm_checkpoint_folder_or_weights_file_given_as_the_model_is_named_too(tmp_path):
+    timm_dir = tmp_path / "timm-ckpt"
+    timm_dir.mkdir()
+    (timm_dir / "config.json").write_text(json.dumps({"architecture": "test_vit", "num_classes": 3}))
+    (timm_dir / "model.safetensors").write_bytes(b"\0" * 16)
+    for given, what in ((timm_dir, "a timm test_vit checkpoint"), (timm_dir / "model.safetensors",
+                                                                   "a checkpoint file")):
+        for command in (["bench", str(given)], ["quantize", str(given), "--fp16"]):
+            r = CliRunner().invoke(cli, command)
+            fails_cleanly(r, f"is {what}, not an exported model")
+    r = CliRunner().invoke(cli, ["predict", str(timm_dir), str(PHOTO)])
+    fails_cleanly(r, "is a timm test_vit checkpoint, not an exported model")

@@ -189,7 +189,10 @@ def _open_given(path: Path) -> ModelFolder:
         raise VitexportError(f"{path} does not exist.")
     folder = ModelFolder.containing(path)
     if not folder.has_manifest():
-        raise VitexportError(f"{path} has no {MANIFEST_NAME} beside it; export it with 'vitexport onnx' first.")
+        from .model.hub import checkpoint_refusal
+
+        raise VitexportError(checkpoint_refusal(path) or
+                             f"{path} has no {MANIFEST_NAME} beside it; export it with 'vitexport onnx' first.")
     manifest = folder.read_manifest()
     if path.is_file() and path.name != manifest.onnx:
         prec = graph_precision(path)

@@ -75,6 +75,11 @@ def info_command(model_dir: Path | None, clean: bool, log):
         if not model_dir.exists():
             raise VitexportError(f"{model_dir} does not exist.")
         folders = [ModelFolder.containing(model_dir)]
+        if not folders[0].has_manifest():
+            from ..model.hub import checkpoint_refusal
+
+            if (refusal := checkpoint_refusal(model_dir)) is not None:
+                raise VitexportError(refusal)
     failed = 0
     for folder in folders:
         if clean:

@@ -278,6 +278,36 @@ def local_config(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None] | N
     return cfg, proc
 
 
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
+CHECKPOINT_FOLDER_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                           "pytorch_model.bin.index.json", "open_clip_model.safetensors")
+
+
+def checkpoint_refusal(path: Path) -> str | None:
+    """The sentence for a checkpoint (a timm or transformers folder, or a weights file) given where an exported
+    model folder belongs, with the command that exports it; None when `path` is not a checkpoint."""
+    what = None
+    if path.is_dir():
+        try:
+            local = local_config(path)
+        except VitexportError:
+            local = None
+        if local is not None and "model_type" in local[0]:
+            names = local[0].get("architectures")
+            what = f"a transformers {names[0] if isinstance(names, list) and names else local[0]['model_type']} " \
+                   f"checkpoint"
+        elif local is not None:
+            what = f"a timm {local[0].get('architecture') or ''} checkpoint".replace("  ", " ")
+        elif any((path / n).is_file() for n in CHECKPOINT_FOLDER_FILES):
+            what = "a checkpoint folder"
+    elif path.is_file() and path.suffix.lower() in CHECKPOINT_SUFFIXES:
+        what = "a checkpoint file"
+    if what is None:
+        return None
+    return (f"{path} is {what}, not an exported model; export it first with `vitexport onnx -c {path} -o FOLDER` "
+            f"and give that FOLDER.")
+
+
 def _describe_timm(cfg: dict[str, Any], ref: str) -> HubModel:
     arch = str(cfg.get("architecture") or "")
     pcfg = cfg.get("pretrained_cfg") if isinstance(cfg.get("pretrained_cfg"), dict) else cfg  # legacy: one dict

@@ -148,9 +148,11 @@ def _described_spec(hub: "HubModel", model: str | None, checkpoint: Path | str, 
     kw["pos_embed_interp"] = kw.get("pos_embed_interp") or hub.pos_embed_interp or \
         own_interpolation(model or hub.variant) or DEFAULT_INTERPOLATION
     arch = None
-    if model is None and hub.kind == "transformers":  # any size: an architecture of its own, named after the files
+    if hub.kind == "transformers":  # any size: an architecture of its own, named after -m or after the files
+        if model is not None:
+            _check_named_shape(model, hub, checkpoint)
         pp = hub.preprocess
-        arch = Architecture(safe_name(name) or "transformers", "transformers", dict(hub.overrides), {
+        arch = Architecture(model or safe_name(name) or "transformers", "transformers", dict(hub.overrides), {
             "transformers": Tag("transformers", pp.input_size, 0, pp.mean, pp.std, pp.crop_pct, pp.crop_mode,
                                 pp.interpolation)} if pp else {})
     variant = model or (arch.name if arch else hub.variant)
@@ -163,6 +165,35 @@ def _described_spec(hub: "HubModel", model: str | None, checkpoint: Path | str, 
         kw["img_size"] = hub.preprocess.input_size  # the checkpoint's own size (timm's model_args img_size)
     return ModelSpec(variant=variant, checkpoint=checkpoint, preprocess=hub.preprocess,
                      overrides={} if arch else hub.overrides, arch=arch, notes=list(hub.notes), **kw)
+
+
+SHAPE_FIELDS = (("width", "embed_dim"), ("depth", "depth"), ("heads", "num_heads"), ("patch", "patch_size"),
+                ("MLP ratio", "mlp_ratio"))
+
+
+def _shape(fields: dict[str, Any]) -> dict[str, Any]:
+    from .config import ViTConfig
+
+    cfg = ViTConfig(**{k: v for k, v in fields.items() if k in ViTConfig.__dataclass_fields__})
+    return {label: getattr(cfg, key) for label, key in SHAPE_FIELDS}
+
+
+def _show(shape: dict[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v[0]}x{v[1]}" if isinstance(v, tuple) else f"{v:g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{label} {fmt(v)}" for label, v in shape.items())
+
+
+def _check_named_shape(model: str, hub: "HubModel", where: Path | str) -> None:
+    """-m with a transformers folder: the folder's config gives the model, -m only names it, so the two must be the
+    same shape (width, depth, heads, patch, MLP ratio), else one sentence saying how they differ."""
+    named, held = _shape(get_variant(model).config_fields()), _shape(hub.overrides)
+    if named != held:
+        differ = {k: held[k] for k in held if held[k] != named[k]}
+        raise VitexportError(f"-m {model} is {_show({k: named[k] for k in differ})}, but {where} holds a "
+                             f"transformers {hub.architecture} of {_show(differ)} ({_show(held)}); drop -m to "
+                             f"export the folder's model as its config describes it.")
 
 
 def safe_name(text: str) -> str:
