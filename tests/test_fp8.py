@@ -129,6 +129,29 @@ def test_onnxruntime_rows_of_the_fp8_graph_give_accuracy_not_speed(folder):
         create_session(folder / "model.fp8.onnx", optimize="all")
 
 
+def test_a_user_s_own_session_with_the_recorded_options_runs_the_fp8_graph(folder):
+    """A user opening model.fp8.onnx in ONNX Runtime as usual gets its optimizer's type error: the manifest records
+    the session options that run it, `vitexport info` says them in one line, and a plain session made from that
+    record (no vitexport code) gives what vitexport's own runner gives."""
+    import onnxruntime as ort
+
+    record = ModelFolder(folder).read_manifest().precisions["fp8"]
+    assert record.onnxruntime == {"graph_optimization_level": "ORT_ENABLE_BASIC"}
+    assert ModelFolder(folder).read_manifest().precisions.get("fp16") is None or \
+        ModelFolder(folder).read_manifest().precisions["fp16"].onnxruntime is None
+    so = ort.SessionOptions()
+    for key, value in record.onnxruntime.items():
+        setattr(so, key, getattr(ort.GraphOptimizationLevel, value))
+    sess = ort.InferenceSession(str(folder / "model.fp8.onnx"), so, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    with OrtRunner(folder / "model.fp8.onnx", "fp8", "cpu", kind="fp8") as runner:
+        np.testing.assert_array_equal(sess.run(None, {"pixel_values": x})[0], runner.infer_all(x))
+    r = CliRunner().invoke(cli, ["info", str(folder)])
+    line = [ln for ln in r.output.splitlines() if "model.fp8.onnx" in ln and "runtime" in ln]
+    assert len(line) == 1 and "graph_optimization_level=ORT_ENABLE_BASIC" in line[0], r.output
+    assert not any("runtime" in ln and "model.onnx" in ln for ln in r.output.splitlines())
+
+
 @pytest.mark.skipif(HAVE_TRT, reason="TensorRT is installed here: the engine tests cover this machine")
 def test_trt_fp8_without_tensorrt_exits_4_and_leaves_the_onnx(folder):
     (folder / "model.fp8.onnx").unlink()

@@ -188,7 +188,7 @@ class IrRecord:
 
 
 _PRECISION_FIELDS = {"file", "source_sha256", "sha256", "keep_fp32", "fp32_nodes", "calibration", "qdq", "check",
-                     "openvino", "size_check"}
+                     "openvino", "size_check", "onnxruntime"}
 
 
 @dataclass
@@ -206,6 +206,7 @@ class PrecisionRecord:
     openvino: IrRecord | None = None  # an OpenVINO IR: its .bin and its source ONNX
     size_check: HeldOutCheck | None = None  # a dynamic-size export: the same check at a second image size
     fp32_nodes: list[dict] | None = None  # FP16 parts: nodes kept in FP32 and why (precision.ranges.Kept)
+    onnxruntime: dict[str, str] | None = None  # session options ONNX Runtime needs for it (FP8), None: its defaults
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"file": self.file, "source_sha256": self.source_sha256}
@@ -218,6 +219,8 @@ class PrecisionRecord:
                 d[key] = part.to_dict()
         if self.qdq is not None:
             d["qdq"] = dict(self.qdq)
+        if self.onnxruntime is not None:
+            d["onnxruntime"] = dict(self.onnxruntime)
         return {**d, "sha256": self.sha256, **self.extra}
 
     @classmethod
@@ -229,7 +232,7 @@ class PrecisionRecord:
                    f.opt("qdq", dict), HeldOutCheck.from_fields(check) if check else None,
                    f.rest(_PRECISION_FIELDS), openvino=IrRecord.from_fields(ov) if ov else None,
                    size_check=HeldOutCheck.from_fields(size) if size else None,
-                   fp32_nodes=f.opt("fp32_nodes", list))
+                   fp32_nodes=f.opt("fp32_nodes", list), onnxruntime=f.opt("onnxruntime", dict))
 
 
 # -- the manifest -------------------------------------------------------------------------------------------

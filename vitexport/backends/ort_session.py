@@ -19,6 +19,15 @@ def optimization_for(precision: str) -> str:
     return "basic" if precision == "fp8" else "all"
 
 
+def session_options(precision: str) -> dict[str, str] | None:
+    """The ONNX Runtime session options a user needs to run a graph of this precision, as recorded in the manifest
+    and shown by `vitexport info` (None: the defaults run it). Written for a user's own session, where
+    ONNX Runtime's default (ORT_ENABLE_ALL) refuses an FP8 graph (optimization_for)."""
+    if optimization_for(precision) == "all":
+        return None
+    return {"graph_optimization_level": "ORT_ENABLE_BASIC"}
+
+
 LIFTED = "vitexport-in-memory"  # the external-data location of weights handed to ONNX Runtime as arrays
 
 

@@ -12,6 +12,8 @@ from .groups import QUIET, use
 
 def _describe(status) -> list[str]:
     """The lines of one folder: the model, how it was exported, each file present with its verified digest."""
+    from ..backends.ort_session import session_options
+
     m = status.manifest
     ck = "random weights" if m.checkpoint is None else \
         f"{m.checkpoint.path} ({m.checkpoint.format}, sha256 {m.checkpoint.sha256[:12]})"
@@ -39,6 +41,12 @@ def _describe(status) -> list[str]:
             lines.append(f"  fp32      {kind}: {len(rec.fp32_nodes)} nodes kept in FP32 (tensors up to {top:.2g}): "
                          + ", ".join(k.get("node", "?") for k in rec.fp32_nodes[:4])
                          + (f" and {len(rec.fp32_nodes) - 4} more" if len(rec.fp32_nodes) > 4 else ""))
+        # a file ONNX Runtime's default session options refuse (FP8; a folder written before the field: its rule)
+        if needed := rec.onnxruntime or session_options(kind):
+            options = ", ".join(f"{k}={v}" for k, v in needed.items())
+            lines.append(f"  runtime   {rec.file}: ONNX Runtime runs it with {options} (its default, "
+                         f"ORT_ENABLE_ALL, rewrites the FP8 Q/DQ into kernels without FP8 inputs); predict and bench "
+                         f"set it")
     for p in status.orphans:
         lines.append(f"  STALE     {p.name}: a sidecar without its plan")
     if status.rejected:

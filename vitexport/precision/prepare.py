@@ -13,7 +13,7 @@ from pathlib import Path
 from ..artifacts.folder import ModelFolder, artifact_kind, onnx_digest
 from ..artifacts.manifest import CalibrationRecord, HeldOutCheck, Manifest, PrecisionRecord
 from ..artifacts.verify import digest
-from ..backends.ort_session import interleaved_latency, optimization_for
+from ..backends.ort_session import interleaved_latency, optimization_for, session_options
 from ..errors import ParityError, VitexportError
 from ..model.labels import class_names
 from ..model.spec import second_size
@@ -91,7 +91,7 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
     with sharing():  # model.onnx parsed once for the steps that read it (graphs)
         fp32, fp32_sha, manifest = _fp32_source(folder, precision)
         out_path = folder.onnx(precision)
-        record = PrecisionRecord(file=out_path.name, source_sha256=fp32_sha)
+        record = PrecisionRecord(file=out_path.name, source_sha256=fp32_sha, onnxruntime=session_options(precision))
         held = _heldout(opts, manifest, precision, log)
         try:
             return _make(folder, precision, fp32, fp32_sha, manifest, record, held, opts, log)
