@@ -62,9 +62,9 @@ def reduced_model(model, elem_types: tuple[int, ...] | None = None) -> tuple[byt
         reductions[t] = [helper.make_node(op, [t], [f"{t}{sfx}"], name=f"vx_{op}_{k}", keepdims=0)
                          for op, sfx in zip(("ReduceMax", "ReduceMin"), _REDUCED)]
         graph.output.extend(helper.make_tensor_value_info(f"{t}{sfx}", types[t], []) for sfx in _REDUCED)
-    # each reduction right after the node that makes its tensor: ONNX Runtime runs nodes in this order, so a tensor
-    # is freed as soon as its readers and its reduction have run (appended at the end, every activation of the
-    # whole forward pass would be alive at once)
+    # each reduction right after the node that makes its tensor: a session made with graph_order=True runs nodes in
+    # this order, so a tensor is freed as soon as its readers and its reduction have run (appended at the end, or
+    # run in ONNX Runtime's default order, every activation of the whole forward pass would be alive at once)
     ordered = [r for i in graph.input if i.name in wanted_names for r in reductions[i.name]]
     for node in graph.node:
         ordered.append(node)
@@ -83,7 +83,7 @@ def _reduced_session(model_path: Path, elem_types: tuple[int, ...] | None = None
 
     data, weights, names = reduced_model(read_graph(Path(model_path)), elem_types)
     sess = create_session(data, threads=threads, external_folder=Path(model_path).parent, optimize=optimize,
-                          weights=weights)
+                          weights=weights, graph_order=True)  # each reduction as soon as its tensor is made
     return sess, names
 
 
