@@ -64,6 +64,30 @@ def test_backends_agree_on_the_digits(digits_run):
     assert [os.path.basename(p["image"]) for p in runs["pytorch"]][:3] == sorted(os.listdir(HELDOUT / "0"))[:3]
 
 
+@pytest.mark.parametrize("precision,backend", [("int8", "onnxruntime"), ("fp16", "openvino")])
+def test_a_precision_not_yet_made_is_made_then_run(digits_export, tmp_path, precision, backend):
+    """--precision of a file the folder does not hold yet: it is made (under the folder's writer lock) and then
+    read (under the reader's), and the answers are those of the file made, run by ONNX Runtime itself."""
+    import onnxruntime as ort
+    from conftest import copy_export
+
+    from vitexport.data.images import load_folder
+
+    folder = copy_export(digits_export, tmp_path / "m")
+    r = CliRunner().invoke(cli, ["predict", "-q", str(folder), str(HELDOUT / "7"), "--precision", precision,
+                                 "--backend", backend, "--json", "--top-k", "1"])
+    assert r.exit_code == 0, r.output
+    made = folder / f"model.{precision}.onnx"
+    assert ModelFolder(folder).read_manifest().precisions[precision].file == made.name
+    manifest = ModelFolder(folder).read_manifest()
+    held = load_folder(HELDOUT / "7", manifest.preprocess)
+    logits = ort.InferenceSession(str(made), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": held.x})[0]
+    got = [p["top"][0]["index"] for p in json.loads(r.stdout)]
+    assert len(got) == len(held.x) > 20
+    assert np.mean(np.array(got) == logits.argmax(1)) >= 0.95  # another runtime, the same file
+    assert np.mean(np.array(got) == 7) >= 0.8  # and still the digits model
+
+
 @pytest.mark.slow
 def test_default_model_on_a_photo_prints_a_table(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -187,6 +187,12 @@ def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | st
     files = collect_images(images)
     crops = _every_crop(decoded_crops(files, pp, workers or default_workers(), chunk=batch))
     first = next(crops)  # a bad first image fails before any runner is loaded
+    if backend in ("onnxruntime", "openvino") and precision in PRECISIONS:
+        from ..ensure import ensure_artifact
+
+        # a missing FP16/INT8 file is made under the folder's writer lock first: under the reader's lock below,
+        # ensure_artifact only checks it (a lock held for reading cannot become a writer's)
+        ensure_artifact(folder, precision, log=log)
     with reading(folder, log):  # no other run replaces the file between its check and its loading
         runner = open_runner(folder, backend, precision, log, output)
     try:
