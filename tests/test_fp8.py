@@ -135,10 +135,12 @@ def test_a_user_s_own_session_with_the_recorded_options_runs_the_fp8_graph(folde
     record (no vitexport code) gives what vitexport's own runner gives."""
     import onnxruntime as ort
 
+    from vitexport.artifacts.folder import ARTIFACTS
+    from vitexport.backends.ort_session import session_options
+
     record = ModelFolder(folder).read_manifest().precisions["fp8"]
     assert record.onnxruntime == {"graph_optimization_level": "ORT_ENABLE_BASIC"}
-    assert ModelFolder(folder).read_manifest().precisions.get("fp16") is None or \
-        ModelFolder(folder).read_manifest().precisions["fp16"].onnxruntime is None
+    assert [k for k in ARTIFACTS if session_options(k) is not None] == ["fp8"]  # every other file: ORT's defaults
     so = ort.SessionOptions()
     for key, value in record.onnxruntime.items():
         setattr(so, key, getattr(ort.GraphOptimizationLevel, value))

@@ -78,8 +78,8 @@ def test_a_precision_not_yet_made_is_made_then_run(digits_export, tmp_path, prec
                                  "--backend", backend, "--json", "--top-k", "1"])
     assert r.exit_code == 0, r.output
     made = folder / f"model.{precision}.onnx"
-    assert ModelFolder(folder).read_manifest().precisions[precision].file == made.name
     manifest = ModelFolder(folder).read_manifest()
+    assert manifest.precisions[precision].file == made.name
     held = load_folder(HELDOUT / "7", manifest.preprocess)
     logits = ort.InferenceSession(str(made), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": held.x})[0]
     got = [p["top"][0]["index"] for p in json.loads(r.stdout)]

@@ -34,6 +34,10 @@ TAG = f"{ARCH}.r160_in1k"
 OTHER_ARCH = "vit_tiny_patch16_224"  # width 192: disagrees with the transformers folder
 PHOTOS = ROOT / "calibration" / "photos" / "holdout"
 DOCUMENTED_EXITS = {0, 1, 2, 3, 4, 5}  # success, parity miss, bad input, no OpenVINO, no TensorRT, no (fit) GPU
+COMMANDS = ("onnx", "quantize", "openvino", "trt", "bench", "predict", "triton", "info", "models")
+SOURCE_KINDS = ["name", "arch.tag in the hub cache", "hf-hub reference", "timm file", "JAX .npz",
+                "transformers folder", "transformers folder, -m of its shape", "transformers folder, -m of another",
+                "exported model folder", "transformers folder as MODEL_DIR", "a folder of something else"]
 
 
 # -- an all-pairs design ---------------------------------------------------------------------------------------------
@@ -165,7 +169,7 @@ def argv(command: str, case: dict, sources: dict, tmp: Path) -> tuple[list[str],
         typed = [a for a in options if not a.startswith("-")] or [str(model_dir)]
         return [command, typed[-1]], [typed[-1], Path(typed[-1]).name]
     if model_dir is not None:
-        if "exported" in model_dir.name:  # a copy of its own: the runs change the folder
+        if case["source"] == "exported model folder":  # a copy of its own: the runs change the folder
             model_dir = copy_export(model_dir, tmp / "exported")
         args.append(str(model_dir))
     elif command == "info":  # info takes a folder only: what the user typed as the model
@@ -196,16 +200,12 @@ ENVIRONMENT = re.compile(r"TensorRT|OpenVINO|GPU|CUDA", re.I)  # exits 3-5 name 
 
 
 def cases() -> list[tuple[str, dict]]:
-    out = []
-    for command in ("onnx", "quantize", "openvino", "trt", "bench", "predict", "triton", "info", "models"):
-        dims = {"source": list(SOURCE_KINDS), **build_dims(command)}
-        out += [(command, case) for case in all_pairs(dims)]
-    return out
+    return [(command, case) for command in COMMANDS
+            for case in all_pairs({"source": list(SOURCE_KINDS), **build_dims(command)})]
 
 
-SOURCE_KINDS = ["name", "arch.tag in the hub cache", "hf-hub reference", "timm file", "JAX .npz",
-                "transformers folder", "transformers folder, -m of its shape", "transformers folder, -m of another",
-                "exported model folder", "transformers folder as MODEL_DIR", "a folder of something else"]
+CASES = cases()
+
 
 
 def _id(command: str, case: dict) -> str:
@@ -213,12 +213,10 @@ def _id(command: str, case: dict) -> str:
     return f"{command}[{case['source']}]" + ("" if not given else "[" + ",".join(given) + "]")
 
 
-@pytest.mark.parametrize("command,case", cases(), ids=[_id(*c) for c in cases()])
+@pytest.mark.parametrize("command,case", CASES, ids=[_id(*c) for c in CASES])
 def test_every_combination_ends_in_a_result_or_one_sentence(command, case, sources, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # artifacts of -m/-c land in tmp_path/models
+    monkeypatch.chdir(tmp_path)  # artifacts of -m/-c land in tmp_path/models (the hub cache: sources' environment)
     args, names = argv(command, case, sources, tmp_path)
-    monkeypatch.setenv("HF_HUB_CACHE", str(Path(sources["exported model folder"][1]).parent / "hf-cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     r = CliRunner().invoke(cli, args)
     shown = f"vitexport {' '.join(args)}\n-> exit {r.exit_code}\n{r.output}"
     assert r.exit_code != 70 and "this is a bug" not in r.output, shown
@@ -238,6 +236,5 @@ def test_every_combination_ends_in_a_result_or_one_sentence(command, case, sourc
 
 
 def test_the_sweep_reaches_every_command_and_source():
-    seen = {(c, case["source"]) for c, case in cases()}
-    assert seen == {(c, s) for c in ("onnx", "quantize", "openvino", "trt", "bench", "predict", "triton", "info",
-                                     "models") for s in SOURCE_KINDS}
+    seen = {(c, case["source"]) for c, case in CASES}
+    assert seen == set(itertools.product(COMMANDS, SOURCE_KINDS))
