@@ -356,14 +356,11 @@ def test_the_new_blocks_gemms_are_quantized_and_grouped(sapiens_like, tmp_path):
 
     selection = selection_for(sapiens_like / "model.onnx", Int8Settings(), "int8")
     groups = gemm_groups(selection)
-    # RoPE's x @ R (a signed permutation: data movement) is never quantized, in either selection
+    # RoPE's rotation is two slices and a concatenation (the form OpenVINO fuses): no MatMul by a constant signed
+    # permutation (an older export's x @ R) is left for either selection to skip
     graph = onnx.load(sapiens_like / "model.onnx").graph
-    rotations = signed_permutations(graph)
-    by_r = {n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in rotations}
-    assert len(by_r) == 4, by_r  # q and k of 2 blocks
-    assert not by_r & set(selection.nodes)
-    assert not by_r & set(selection_for(sapiens_like / "model.onnx", Int8Settings(quantize_attention=True),
-                                        "int8").nodes)
+    assert not signed_permutations(graph)
+    assert sum(n.op_type == "Concat" and "attn" in n.name for n in graph.node) >= 4  # q and k of 2 blocks
     kinds = {(g.block, g.kind) for g in groups}
     assert {(b, k) for b in (0, 1) for k in ("q", "k", "v", "proj", "fc1", "fc2")} <= kinds, kinds
     assert (None, "patch_embed") in kinds
@@ -403,3 +400,93 @@ def test_a_fixed_size_table_is_a_constant_and_a_dynamic_one_is_computed_in_the_g
         ops = {n.op_type for n in proto.graph.node}
         assert not rule_breakers(proto)
         assert ({"Sin", "Cos", "Range"} <= ops) == dynamic and not ({"Sin", "Cos"} & ops and not dynamic), ops
+
+
+def _perturbed_norms(model: torch.nn.Module) -> None:
+    """Norm weights and biases away from one and zero, so that a channel order they must follow is seen."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("fields", [
+    dict(rope="cat"),  # EVA02's interleaved pairs, fused qkv with q/v biases
+    dict(rope="mixed", qkv_bias=False),  # naver's learned per-head frequencies, interleaved
+    dict(rope="cat", qkv_fused=False, num_kv_heads=2, qk_norm=True, norm_layer="layernorm"),
+    dict(rope="dinov3", rope_rotate_half=True, qk_norm=True, mlp_layer="swiglu_packed", act_layer="silu"),
+    dict(rope="cat", mlp_layer="swiglu_packed", act_layer="silu"),
+])
+def test_what_an_export_prepares_is_the_same_function(fields):
+    """prepare_export regroups interleaved RoPE pairs as halves (query and key channels reordered in the weights,
+    q/k norms included) and splits a packed GLU's fc1 in two: the model before it is the oracle."""
+    import copy
+
+    cfg = ViTConfig(family="eva", embed_dim=64, num_heads=4, depth=2, img_size=(48, 32), patch_size=16,
+                    num_classes=5, **fields)
+    torch.manual_seed(0)
+    before = perturbed(build_model(cfg)).eval()
+    _perturbed_norms(before)
+    after = copy.deepcopy(before)
+    after.prepare_export()
+    assert after.rope.rotate_half and all(m.rotate_half for m in after.modules() if hasattr(m, "rotate_half"))
+    x = torch.randn(3, 3, 48, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = before(x), after(x)
+    assert (got - want).abs().max() <= 1e-5 * max(1.0, want.abs().max().item())
+    if fields.get("mlp_layer") == "swiglu_packed":
+        assert not any(type(m).__name__ == "GluMlp" for m in after.modules())
+
+
+@pytest.mark.parametrize("fields", [
+    dict(rope="cat"), dict(rope="mixed", qkv_bias=False), dict(rope="dinov3", rope_rotate_half=True),
+    dict(rope="cat", mlp_layer="swiglu_packed", act_layer="silu"),
+])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_every_rope_export_is_what_openvino_fuses(fields, dynamic):
+    """OpenVINO's own pattern matcher, not ours: compiled for its CPU plugin, every block's q and k rotation is one
+    RoPE kernel (interleaved pairs too, regrouped at export, and a table computed in the graph); a packed GLU is
+    exported as two GEMMs, with no split of one GEMM's output to run."""
+    import openvino as ov
+
+    from vitexport.export.to_onnx import _tidy_graph, _trace
+
+    cfg = ViTConfig(family="eva", embed_dim=64, num_heads=4, depth=2, img_size=(48, 32), patch_size=16,
+                    num_classes=5, dynamic_img_size=dynamic, **fields)
+    torch.manual_seed(0)
+    proto = _trace(perturbed(build_model(cfg)).eval(), 18, 2, img_size_range=((32, 32), (96, 96)) if dynamic else None)
+    _tidy_graph(proto)  # nodes named after their modules, as an export writes them
+    compiled = ov.Core().compile_model(ov.Core().read_model(proto.SerializeToString(), b""), "CPU",
+                                       {"INFERENCE_PRECISION_HINT": "f32"})
+    kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ordered_ops()]
+    assert kinds.count("RoPE") == 2 * cfg.depth, sorted(set(kinds))
+    if fields.get("mlp_layer") == "swiglu_packed":  # fc1_g and fc1_x GEMMs, nothing split in the MLP
+        mlp = [(n.op_type, n.name) for n in proto.graph.node if ".mlp" in n.name]
+        assert not [n for n in mlp if n[0] in ("Split", "Slice")], mlp
+        assert sum(op == "MatMul" and (".fc1_g/" in name or ".fc1_x/" in name) for op, name in mlp) == 2 * cfg.depth
+
+
+def test_an_older_export_s_rotation_by_a_signed_permutation_is_never_quantized():
+    """Folders exported before RoPE took the slice form rotate by x @ R, R a constant signed permutation (exact data
+    movement): quantize skips those products and takes the weight GEMM beside them."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vitexport.precision.selection import select_gemms
+
+    rng = np.random.default_rng(0)
+    r = np.zeros((8, 8), np.float32)
+    r[np.arange(8), (np.arange(8) + 4) % 8] = np.where(np.arange(8) < 4, -1.0, 1.0)
+    near = r.copy()
+    near[0, 4] = -0.5  # not a permutation: a GEMM like any other
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array(r, "rot"), numpy_helper.from_array(near, "near")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj"),
+             helper.make_node("MatMul", ["y", "rot"], ["z"], name="rotation"),
+             helper.make_node("MatMul", ["z", "near"], ["out"], name="almost")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 8])], inits)
+    onnx.checker.check_model(helper.make_model(graph), full_check=True)
+    assert select_gemms(graph, set()).nodes == ["proj", "almost"]

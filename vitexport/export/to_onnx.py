@@ -80,8 +80,8 @@ def _trace(model: VisionTransformer, opset: int, example_batch: int, img_size_ra
         else model.eval()
     model.set_fused_attn(False)  # explicit MatMul/Softmax: what every runtime and quantizer understands
     inner = getattr(model, "model", model)
-    if hasattr(inner, "freeze_tables"):  # position tables computed once from the final weights: constants
-        inner.freeze_tables()
+    if hasattr(inner, "prepare_export"):  # the same function in the form runtimes fuse; tables from the final weights
+        inner.prepare_export()
     cfg = model.cfg
     x = torch.randn(example_batch, cfg.in_chans, *cfg.img_size)
     batch = torch.export.Dim("batch", min=1, max=65536)

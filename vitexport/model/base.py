@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import ViTConfig
+from .layers.mlp import GluMlp, SwiGLU
 from .layers.pool import global_pool_nlc
 
 
@@ -60,6 +61,14 @@ class TransformerBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+    def prepare_export(self) -> None:
+        """Before an export, with the final weights: the same function in the form runtimes run fastest; here, each
+        packed GLU MLP as two projections (`SwiGLU.from_packed`). Subclasses add their own steps."""
+        for parent in list(self.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, GluMlp):
+                    setattr(parent, name, SwiGLU.from_packed(child))
 
     def set_fused_attn(self, enabled: bool) -> None:
         """PyTorch's fused attention kernel (eager) or the explicit MatMul/Softmax form (what is exported)."""

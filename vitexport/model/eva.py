@@ -22,6 +22,7 @@ from torch import nn
 
 from .base import TransformerBase, embed_tokens
 from .config import ViTConfig
+from .layers.attention import Attention
 from .layers.blocks import EVA_BLOCK_LAYERS, BlockArgs
 from .layers.norm import act_factory, norm_factory
 from .layers.patch import PatchEmbed
@@ -60,7 +61,7 @@ class Eva(TransformerBase):
                               cfg.rope_ref_grid, cfg.rope_grid_offset, cfg.rope_grid_indexing,
                               cfg.rope_rotate_half) if cfg.rope else None
         # at a fixed size the table is a constant (sin and cos computed here, not in the graph); mixed RoPE's depends
-        # on its learned frequencies, so it is computed from them when the weights are final (freeze_tables)
+        # on its learned frequencies, so it is computed from them when the weights are final (prepare_export)
         constant = self.rope is not None and not cfg.dynamic_img_size and cfg.rope != "mixed"
         self.register_buffer("rope_table", self._table(self.patch_embed.grid_size) if constant else None,
                              persistent=False)
@@ -86,10 +87,21 @@ class Eva(TransformerBase):
         self.pre_logits = nn.Identity()
         self.head = nn.Linear(D, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
 
-    def freeze_tables(self) -> None:
-        """Before an export: a fixed-size mixed RoPE's table computed from its frequencies as they are now, so the
-        graph holds it as a constant (the other flavours' tables are constants from the start)."""
-        if self.rope is not None and not self.dynamic_img_size and self.cfg.rope == "mixed":
+    def prepare_export(self) -> None:
+        """Before an export, with the final weights: the shared steps, then each RoPE'd attention in the form
+        runtimes fuse, the same function (`Attention.rope_as_halves`, `unfuse_qkv`, `fold_scale`), then the
+        fixed-size table computed again in the halves layout (a mixed RoPE's from its frequencies as they are now),
+        so the graph holds it as a constant."""
+        super().prepare_export()
+        if self.rope is None:
+            return
+        for m in self.modules():
+            if isinstance(m, Attention) and m.rotate_half is not None:
+                m.rope_as_halves()
+                m.unfuse_qkv()
+                m.fold_scale()
+        self.rope.rotate_half = True
+        if not self.dynamic_img_size:
             with torch.no_grad():
                 self.register_buffer("rope_table", self._table(self.patch_embed.grid_size), persistent=False)
 

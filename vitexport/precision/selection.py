@@ -53,8 +53,8 @@ PERMUTATION_MAX = 1024  # the largest side of a constant checked for being a sig
 
 def signed_permutations(graph) -> set[str]:
     """The square constants of a graph (inline, at most PERMUTATION_MAX a side) that are signed permutations, one
-    +-1 in each row and column and zeros elsewhere: RoPE's rotation (x @ R), data movement, not a GEMM to quantize
-    (its product is exact in any float type; INT8 would only round its input)."""
+    +-1 in each row and column and zeros elsewhere: the RoPE rotation (x @ R) of graphs exported before it took the
+    slice form, data movement, not a GEMM to quantize (exact in any float type; INT8 would only round its input)."""
     from onnx import numpy_helper
 
     found = set()

@@ -25,7 +25,7 @@ from torch import nn
 from ...errors import VitexportError
 from .norm import RmsNorm
 from .relpos import RelPosGrid, table_size
-from .rope import apply_rope, rotation_matrix
+from .rope import apply_rope, halves_order
 
 NormFactory = Callable[[int], nn.Module]
 
@@ -34,8 +34,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, fuse
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + bias) v over (B, H, Nq, hd) x (B, H, Nk, hd) -> (B, H, Nq, hd)."""
     if fused:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    attn = (q * scale) @ k.transpose(-2, -1)  # (B, H, Nq, Nk)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    attn = (q if scale == 1.0 else q * scale) @ k.transpose(-2, -1)  # (B, H, Nq, Nk); 1.0: folded into q
     if bias is not None:
         attn = attn + bias
     return attn.softmax(dim=-1) @ v
@@ -66,8 +66,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, kv_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        if rotate_half is not None:  # a RoPE ViT's: the rotation's signed permutation, (hd, hd)
-            self.register_buffer("rope_rotation", rotation_matrix(self.head_dim, rotate_half), persistent=False)
+        self.rotate_half = rotate_half  # a RoPE ViT's rotation layout: halves (True) or interleaved pairs (False)
         kv_dim = self.head_dim * kv_heads
         self.qkv = self.q_proj = self.k_proj = self.v_proj = None
         self.q_bias = self.v_bias = None
@@ -94,6 +93,73 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         self.fused_attn = True
 
+    @torch.no_grad()
+    def rope_as_halves(self) -> None:
+        """Interleaved RoPE pairs regrouped as halves, for an export: every query and key head's channels take the
+        same new order (`halves_order`) in the projection's rows, biases and q/k norms. q . k is a sum over a head's
+        channels, so the logits are unchanged, and the rotation becomes two slices and a concatenation, which
+        OpenVINO fuses into one kernel (interleaved strided slices run as reference kernels)."""
+        if self.rotate_half is not False:
+            return
+        hd, order = self.head_dim, halves_order(self.head_dim)
+
+        def rows(heads: int, start: int = 0) -> torch.Tensor:
+            return start + (torch.arange(heads)[:, None] * hd + order).flatten()
+
+        def reorder(t: torch.Tensor | None, idx: torch.Tensor) -> None:
+            if t is not None:
+                t.copy_(t[idx])
+
+        D = self.num_heads * hd
+        if self.qkv is not None:
+            idx = torch.cat([rows(self.num_heads), rows(self.num_heads, D), torch.arange(2 * D, 3 * D)])
+            reorder(self.qkv.weight, idx)
+            reorder(self.qkv.bias, idx)
+            reorder(self.q_bias, rows(self.num_heads))
+        else:
+            for proj, heads in ((self.q_proj, self.num_heads), (self.k_proj, self.num_kv_heads)):
+                reorder(proj.weight, rows(heads))
+                reorder(proj.bias, rows(heads))
+        for norm in (self.q_norm, self.k_norm):
+            reorder(getattr(norm, "weight", None), order)
+            reorder(getattr(norm, "bias", None), order)
+        self.rotate_half = True
+
+    @torch.no_grad()
+    def unfuse_qkv(self) -> None:
+        """One qkv projection as three (q_proj, k_proj, v_proj; EVA's q and v biases theirs, its key bias of zeros
+        none), for a RoPE'd export: the same function, and each head's (B, N, H, hd) -> (B, H, N, hd) transpose is
+        then taken by the kernel that reads it (OpenVINO's RoPE for q and k, its attention for v) instead of one
+        copy of the whole (B, N, 3, H, hd) tensor before the rotation."""
+        if self.qkv is None:
+            return
+        D, w = self.num_heads * self.head_dim, self.qkv.weight
+        bias = self.qkv.bias if self.qkv.bias is not None else \
+            None if self.q_bias is None else torch.cat((self.q_bias, self.k_bias, self.v_bias))
+        for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            b = None if bias is None or (name == "k_proj" and self.q_bias is not None) else bias[i * D:(i + 1) * D]
+            proj = nn.Linear(w.shape[1], D, bias=b is not None, device=w.device, dtype=w.dtype)
+            proj.weight.copy_(w[i * D:(i + 1) * D])
+            if b is not None:
+                proj.bias.copy_(b)
+            setattr(self, name, proj)
+        self.qkv = self.q_bias = self.v_bias = None
+
+    @torch.no_grad()
+    def fold_scale(self) -> None:
+        """The logits' scale 1/sqrt(hd) moved into the queries' last affine step (q_norm's weight and bias, or
+        q_proj's), for a RoPE'd export: the rotation is linear, so the function is the same, and the scaling Mul
+        between the rotation and Q.K^T, which no runtime fuses there, is gone."""
+        if self.qkv is not None or self.scale == 1.0:
+            return
+        last = self.q_norm if not isinstance(self.q_norm, nn.Identity) else self.q_proj
+        if getattr(last, "weight", None) is None:
+            return  # a norm without an affine weight: the scale stays in the graph
+        for t in (last.weight, getattr(last, "bias", None)):
+            if t is not None:
+                t.mul_(self.scale)
+        self.scale = 1.0
+
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, N, D) -> q (B, H, N, hd), k and v (B, Hkv, N, hd)."""
         B, N, _ = x.shape
@@ -116,7 +182,8 @@ class Attention(nn.Module):
         q, k, v = self.project(x)  # (B, H, N, hd), (B, Hkv, N, hd) x 2
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:  # queries and keys rotated by their positions (the prefix rows of the table: by none)
-            q, k = apply_rope(q, rope, self.rope_rotation), apply_rope(k, rope, self.rope_rotation)
+            table = rope.reshape((1,) * (4 - rope.ndim) + tuple(rope.shape))  # (1, 1 or H, N, 2*hd), as q and k
+            q, k = apply_rope(q, table, self.rotate_half), apply_rope(k, table, self.rotate_half)
         groups = self.num_heads // self.num_kv_heads
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         if self.rel_pos_window is not None:

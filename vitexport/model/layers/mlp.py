@@ -45,6 +45,24 @@ class SwiGLU(nn.Module):
         self.fc2 = nn.Linear(hidden_features, in_features, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
+    @classmethod
+    @torch.no_grad()
+    def from_packed(cls, glu: "GluMlp") -> "SwiGLU":
+        """A packed GLU MLP as two projections, for an export: the same function (fc1's gate and value halves become
+        fc1_g and fc1_x; act, norm and fc2 are glu's own). One GEMM whose output is split in halves costs runtimes
+        a copy of the split: OpenVINO runs it with a reference kernel, after a dequantization it cannot fuse."""
+        fc1 = glu.fc1
+        hidden, width = fc1.out_features // 2, fc1.in_features
+        m = cls(width, hidden, bias=fc1.bias is not None).to(device=fc1.weight.device, dtype=fc1.weight.dtype)
+        gate, value = (slice(hidden, None), slice(None, hidden)) if glu.gate_last else \
+            (slice(None, hidden), slice(hidden, None))
+        for proj, rows in ((m.fc1_g, gate), (m.fc1_x, value)):
+            proj.weight.copy_(fc1.weight[rows])
+            if fc1.bias is not None:
+                proj.bias.copy_(fc1.bias[rows])
+        m.act, m.drop1, m.norm, m.fc2, m.drop2 = glu.act, glu.drop1, glu.norm, glu.fc2, glu.drop2
+        return m.train(glu.training)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.act(self.fc1_g(x)) * self.fc1_x(x)  # (B, N, hidden)
         return self.drop2(self.fc2(self.norm(self.drop1(x))))  # (B, N, D)

@@ -14,7 +14,10 @@ and rotate each head's q and k with it (`apply_rope`); the prefix tokens (class,
   (2, depth, heads, hd/2): a table per block, (depth, heads, N, 2*hd).
 
 Angles are laid out interleaved ([a0, a0, a1, a1, ...], rotation pairs neighbours) or in halves ([a0, a1, ..., a0,
-a1, ...], `rotate_half`, rotation pairs channel i with i + hd/2), as the checkpoint was trained.
+a1, ...], `rotate_half`, rotation pairs channel i with i + hd/2), as the checkpoint was trained. An export always
+rotates halves (two slices and a concatenation, which OpenVINO fuses into one RoPE kernel): an interleaved model's
+query and key channels are first reordered in its weights so that each pair becomes a pair of halves
+(`Attention.rope_as_halves`), which leaves q . k, and so the model's function, as it was.
 
 At a fixed image size the grid is Python integers, so the exported table is a constant of the graph. At a dynamic
 size the grid is the input's symbolic patch grid and the table is computed in the graph with Range, Mul, Sin and
@@ -113,7 +116,7 @@ class MixedRope(nn.Module):
 
     def __init__(self, head_dim: int, depth: int, num_heads: int, indexing: str = "xy"):
         super().__init__()
-        self.head_dim, self.indexing, self.rotate_half = head_dim, indexing, False
+        self.head_dim, self.indexing, self.rotate_half = head_dim, indexing, False  # halves after as_halves
         self.freqs = nn.Parameter(torch.zeros(2, depth, num_heads, head_dim // 2))  # timm's `rope.freqs`
 
     def forward(self, feat: tuple) -> torch.Tensor:
@@ -122,7 +125,7 @@ class MixedRope(nn.Module):
         pos = _mesh([_axis(s) for s in shape], self.indexing)  # (N, 2): (x, y) for 'xy'
         freqs = self.freqs.float()
         angles = pos[:, 0, None] * freqs[0].unsqueeze(-2) + pos[:, 1, None] * freqs[1].unsqueeze(-2)
-        return sincos(angles, rotate_half=False)  # (depth, heads, N, 2*hd)
+        return sincos(angles, self.rotate_half)  # (depth, heads, N, 2*hd)
 
 
 def make_rope(kind: str, head_dim: int, depth: int, num_heads: int, temperature: float,
@@ -137,24 +140,10 @@ def make_rope(kind: str, head_dim: int, depth: int, num_heads: int, temperature:
     raise ValueError(f"unknown RoPE kind {kind!r}")
 
 
-def rotation_matrix(head_dim: int, rotate_half: bool) -> torch.Tensor:
-    """R (hd, hd) with x @ R the rotation's partner of each channel, negated where the rotation needs it: halves
-    [x0..x5] -> [-x3, -x4, -x5, x0, x1, x2]; interleaved [x0..x5] -> [-x1, x0, -x3, x2, -x5, x4]. A signed
-    permutation: the product is exact, and one small GEMM replaces the slices and concatenations that runtimes
-    run with reference kernels (OpenVINO: a third of EVA02-S's INT8 time went to them)."""
-    r = torch.zeros(head_dim, head_dim)
-    half = head_dim // 2
-    for j in range(head_dim):
-        if rotate_half:  # out[j] = -x[j + h] for j < h, x[j - h] from h on
-            if j < half:
-                r[j + half, j] = -1.0
-            else:
-                r[j - half, j] = 1.0
-        elif j % 2 == 0:  # out[2i] = -x[2i + 1], out[2i + 1] = x[2i]
-            r[j + 1, j] = -1.0
-        else:
-            r[j - 1, j] = 1.0
-    return r
+def halves_order(head_dim: int) -> torch.Tensor:
+    """The channel order that turns interleaved pairs into halves: slot i takes channel 2i and slot i + hd/2 channel
+    2i + 1, so the interleaved rotation of pair i is the halves rotation of slots i and i + hd/2 (same angle)."""
+    return torch.arange(head_dim).reshape(head_dim // 2, 2).t().flatten()
 
 
 def with_prefix(table: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
@@ -169,8 +158,18 @@ def with_prefix(table: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     return torch.cat([rows, table], dim=-2)
 
 
-def apply_rope(x: torch.Tensor, table: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """Rotate q or k (B, H, N, hd) by a table of the whole sequence (..., N, 2*hd; with_prefix): x * cos + (x @ R) *
+def rotate(x: torch.Tensor, rotate_half: bool) -> torch.Tensor:
+    """Each channel's partner in its rotation, negated where the rotation needs it: halves [x0..x5] -> [-x3, -x4, -x5,
+    x0, x1, x2] (two slices and a concatenation: the form OpenVINO fuses into one RoPE kernel); interleaved [x0..x5]
+    -> [-x1, x0, -x3, x2, -x5, x4] (timm's `rot`; exports regroup it as halves, `Attention.rope_as_halves`)."""
+    if rotate_half:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor, rotate_half: bool) -> torch.Tensor:
+    """Rotate q or k (B, H, N, hd) by a table of the whole sequence (..., N, 2*hd; with_prefix): x * cos + rotate(x) *
     sin, in the table's precision, cast back to x's type."""
     sin, cos = table.chunk(2, dim=-1)
-    return (x * cos + (x @ rotation.to(x.dtype)) * sin).to(x.dtype)
+    return (x * cos + rotate(x, rotate_half) * sin).to(x.dtype)
