@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--modelopt-python", required=True, help="python of an environment with nvidia-modelopt[onnx]")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from vitexport.export.run import run_export
+    from vitexport.exporter.run import run_export
     from vitexport.model.spec import ModelSpec
 
     rows = []

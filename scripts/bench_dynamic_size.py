@@ -34,7 +34,7 @@ def main() -> None:
     import onnxruntime as ort
 
     from vitexport.environment import cpu_model
-    from vitexport.export.run import run_export
+    from vitexport.exporter.run import run_export
     from vitexport.model.spec import ModelSpec
 
     with tempfile.TemporaryDirectory(prefix="vitexport-dynamic-bench-") as tmp:

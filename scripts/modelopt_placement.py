@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model
         if folder is None:
-            from vitexport.export.run import run_export
+            from vitexport.exporter.run import run_export
             from vitexport.model.spec import ModelSpec
             from vitexport.model.variants import DIGITS_VARIANT
 

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 def outlier_model(where: Path) -> Path:
     import torch
 
-    from vitexport.export.run import run_export
-    from vitexport.export.torch_model import build
+    from vitexport.exporter.run import run_export
+    from vitexport.exporter.torch_model import build
     from vitexport.model.spec import ModelSpec
 
     spec = ModelSpec(variant="vit_tiny_patch16_224", img_size=(64, 64))

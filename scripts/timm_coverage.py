@@ -101,7 +101,7 @@ def run_tag(tag: str, depth: int | None, work: Path) -> dict:
     import torch
 
     from vitexport.errors import VitexportError
-    from vitexport.export.run import run_export
+    from vitexport.exporter.run import run_export
     from vitexport.model.archs import resolve
     from vitexport.model.spec import ExportOptions, user_spec
 

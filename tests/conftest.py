@@ -81,7 +81,7 @@ def tiny_default(tmp_path_factory):
     """A tiny model exported to its default folder (models/vit_tiny_patch16_224-32x32) under a scratch directory.
     Shared by the session: tests may add files to it (`quantize --fp16`, a bench's FP16/INT8 graphs); a test that
     asserts which files it holds works on a copy (copy_export)."""
-    from vitexport.export.run import run_export
+    from vitexport.exporter.run import run_export
     from vitexport.model.spec import ModelSpec
 
     root = tmp_path_factory.mktemp("work")
@@ -105,7 +105,7 @@ def fails_cleanly(r, needle):
 @pytest.fixture(scope="session")
 def digits_export(tmp_path_factory):
     """The digits model exported once for the session (an export takes seconds); modules copy it (copy_export)."""
-    from vitexport.export.run import run_export
+    from vitexport.exporter.run import run_export
     from vitexport.model.spec import ModelSpec
     from vitexport.model.variants import DIGITS_VARIANT
 

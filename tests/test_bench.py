@@ -23,7 +23,7 @@ from vitexport.data.images import load_folder
 from vitexport.ensure import ensure_artifact
 from vitexport.environment import cpu_has_bf16
 from vitexport.errors import BackendUnavailable
-from vitexport.export.torch_model import model_from_manifest
+from vitexport.exporter.torch_model import model_from_manifest
 from vitexport.parity.accumulate import compare
 from vitexport.parity.compare import judge
 from vitexport.paths import sha256_file

@@ -25,7 +25,7 @@ from vitexport.artifacts.verify import check_onnx, check_plan
 from vitexport.artifacts.workspace import reading
 from vitexport.deploy.predict import predict
 from vitexport.ensure import ensure_artifact
-from vitexport.export.run import run_export
+from vitexport.exporter.run import run_export
 from vitexport.model.spec import ModelSpec
 from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.paths import sha256_file

@@ -12,7 +12,7 @@ from conftest import fails_cleanly
 from vitexport.artifacts.folder import LOCK_NAME, ModelFolder
 from vitexport.backends.ort_session import create_session
 from vitexport.cli import cli
-from vitexport.export.torch_model import model_from_manifest
+from vitexport.exporter.torch_model import model_from_manifest
 
 
 def _run(*args):
@@ -142,7 +142,7 @@ def _tiny_copy(tiny_default, in_tmp):
 def test_failed_parity_keeps_previous_model(in_tmp, tiny_default, monkeypatch):
     path = _tiny_copy(tiny_default, in_tmp) / "model.onnx"
     before = path.read_bytes()
-    import vitexport.export.check as check
+    import vitexport.exporter.check as check
     real = check.compare
 
     def skewed(ref, out, labels=None):
@@ -173,7 +173,7 @@ def test_python_dash_m(in_tmp):
 
 def test_large_models_use_external_data(in_tmp, monkeypatch):
     """Models over protobuf's 2 GB cap are written with external data; shown here by lowering the cap."""
-    import vitexport.export.to_onnx as ex
+    import vitexport.exporter.to_onnx as ex
     monkeypatch.setattr(ex, "PROTOBUF_LIMIT", 1024)
     r = _run("onnx", "-m", "vit_tiny_patch16_224", "--img-size", "32", "-q")
     assert r.exit_code == 0, r.output

@@ -237,7 +237,7 @@ def test_a_pickle_with_code_is_never_run_and_the_message_says_how_to_convert(tmp
 
 
 def test_an_opset_onnx_does_not_know(tmp_path, monkeypatch):
-    import vitexport.export.run as export_run
+    import vitexport.exporter.run as export_run
 
     ran = _never(monkeypatch, export_run, "build")  # refused before any model is built
     _one_sentence(_run("onnx", *DIGITS, "--opset", "99", "-o", tmp_path / "o"), 2, "--opset 99", "at most")
@@ -349,7 +349,7 @@ def _needed(last):
 
 
 def test_an_img_size_that_cannot_fit_is_refused_before_any_work(tmp_path, monkeypatch):
-    import vitexport.export.run as export_run
+    import vitexport.exporter.run as export_run
 
     assert preflight.mem_available() is not None  # read from /proc/meminfo
     ran = _never(monkeypatch, export_run, "build")

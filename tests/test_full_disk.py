@@ -150,7 +150,7 @@ def test_a_full_disk_during_an_export_keeps_the_previous_one(disk, prepared):
 def test_a_full_disk_during_an_export_with_external_data_keeps_the_previous_one(disk, prepared, monkeypatch):
     """The weights of a model over protobuf's cap go to model.onnx.data, written before the graph: here the digits
     model's ~570 KB of weights, with the cap made tiny, onto a disk with 100 KB left."""
-    import vitexport.export.to_onnx as to_onnx
+    import vitexport.exporter.to_onnx as to_onnx
 
     monkeypatch.setattr(to_onnx, "PROTOBUF_LIMIT", 1000)
     folder = disk.put(prepared)

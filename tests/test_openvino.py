@@ -112,7 +112,7 @@ def test_what_a_bf16_cpu_gives_is_judged_pass_or_inconclusive_on_every_cpu(digit
     whose answers do flip is still failed by the same rule."""
     import torch
 
-    from vitexport.export.torch_model import model_from_manifest
+    from vitexport.exporter.torch_model import model_from_manifest
 
     model = model_from_manifest(digits.read_manifest()).eval().to(torch.bfloat16)
     with torch.inference_mode():

@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 from conftest import ROOT, fails_cleanly
 from vitexport.cli import cli
-from vitexport.export.to_onnx import export_onnx
+from vitexport.exporter.to_onnx import export_onnx
 from vitexport.model.vit import VisionTransformer, ViTConfig
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"

@@ -14,7 +14,7 @@ from vitexport.artifacts.folder import LOCK_NAME, ModelFolder
 from vitexport.backends.ort_session import create_session
 from vitexport.cli import cli
 from vitexport.data.images import load_folder
-from vitexport.export.run import run_export
+from vitexport.exporter.run import run_export
 from vitexport.model.spec import ModelSpec
 from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.precision import CalibOptions, Int8Settings
@@ -302,7 +302,7 @@ def test_int8_of_a_model_in_external_data_is_the_int8_of_the_inline_one(tmp_path
     """A model over protobuf's 2 GB cap (shown by lowering the cap) is calibrated with its weights left in external
     data and gets both INT8 graphs and the FP8 one, equal tensor for tensor to those of the same model stored
     inline."""
-    import vitexport.export.to_onnx as to_onnx
+    import vitexport.exporter.to_onnx as to_onnx
 
     inline = ModelFolder(copy_export(digits_export, tmp_path / "inline"))
     monkeypatch.setattr(to_onnx, "PROTOBUF_LIMIT", 1024)

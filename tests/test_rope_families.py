@@ -333,7 +333,7 @@ TINY_OVERRIDES = dict(embed_dim=96, num_heads=4, depth=2)
 def sapiens_like(tmp_path_factory):
     """Sapiens2's options (RoPE, separate q/k/v, 4 and 2 key/value heads, packed SwiGLU, RmsNorm, LayerScale on the
     attention only) at width 96, 2 blocks, 64 x 48 px; random weights."""
-    from vitexport.export.run import run_export
+    from vitexport.exporter.run import run_export
     from vitexport.model.spec import ModelSpec
 
     out = tmp_path_factory.mktemp("sapiens") / "model"
@@ -389,7 +389,7 @@ def test_the_new_blocks_gemms_are_quantized_and_grouped(sapiens_like, tmp_path):
 def test_a_fixed_size_table_is_a_constant_and_a_dynamic_one_is_computed_in_the_graph(rope):
     """At a fixed size no Sin, Cos or Range is left for a runtime (mixed RoPE's table from its learned frequencies as
     the export found them); at a dynamic size the table is computed from the input's grid, without If or Loop."""
-    from vitexport.export.to_onnx import _trace
+    from vitexport.exporter.to_onnx import _trace
     from vitexport.tensorrt_engine.graph_rules import rule_breakers
 
     fields = dict(family="eva", rope=rope, embed_dim=64, num_heads=4, depth=2, img_size=(48, 32), patch_size=16,
@@ -450,7 +450,7 @@ def test_every_rope_export_is_what_openvino_fuses(fields, dynamic):
     exported as two GEMMs, with no split of one GEMM's output to run."""
     import openvino as ov
 
-    from vitexport.export.to_onnx import _tidy_graph, _trace
+    from vitexport.exporter.to_onnx import _tidy_graph, _trace
 
     cfg = ViTConfig(family="eva", embed_dim=64, num_heads=4, depth=2, img_size=(48, 32), patch_size=16,
                     num_classes=5, dynamic_img_size=dynamic, **fields)

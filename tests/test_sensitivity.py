@@ -48,8 +48,8 @@ def _cosines(ref, out):
 @pytest.fixture(scope="module")
 def outliers(tmp_path_factory):
     """The outlier model's export, and the held-out photos preprocessed for it."""
-    from vitexport.export.run import run_export
-    from vitexport.export.torch_model import build
+    from vitexport.exporter.run import run_export
+    from vitexport.exporter.torch_model import build
     from vitexport.model.spec import ModelSpec
 
     root = tmp_path_factory.mktemp("outliers")

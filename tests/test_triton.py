@@ -13,7 +13,7 @@ from conftest import ROOT, fails_cleanly
 from vitexport.artifacts.folder import ModelFolder, TritonModelFolder, onnx_digest
 from vitexport.artifacts.sidecar import write_sidecar
 from vitexport.cli import cli
-from vitexport.export.run import run_export
+from vitexport.exporter.run import run_export
 from vitexport.model.labels import class_names
 from vitexport.model.spec import ModelSpec
 from vitexport.tensorrt_engine.compiler import make_sidecar

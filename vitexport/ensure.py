@@ -31,7 +31,7 @@ from .tensorrt_engine.compiler import BuildFn, TrtResult, run_trt
 from .tensorrt_engine.options import BuildOptions
 
 if TYPE_CHECKING:  # export imports torch: a command that exports nothing (quantize, bench's checks) never loads it
-    from .export.run import ExportResult
+    from .exporter.run import ExportResult
 
 Target = Union[Path, str, ModelFolder, None]
 Maker = Callable[[ModelFolder, str, Union[CalibOptions, None], Log], PrecisionResult]
@@ -100,7 +100,7 @@ def ensure_artifact(target: Target, kind: str, *, spec: ModelSpec | None = None,
     artifact_kind(kind)  # an unknown kind fails before any work
     if kind == "fp32" and fresh:
         output = None if target is None else _path_of(target)
-        from .export.run import run_export
+        from .exporter.run import run_export
 
         result = run_export(spec or ModelSpec(), output=output, opts=export_opts, log=log)
         return Artifact("fp32", result.onnx_path, result.folder, True, export=result)
@@ -173,7 +173,7 @@ def _open_default(spec: ModelSpec, export: bool, log: Log) -> tuple[ModelFolder,
         if not export:
             raise VitexportError(f"No exported model at {folder.path}; run `vitexport onnx` first.")
         log.info(f"No exported model at {folder.path}: exporting {spec.variant} first.")
-        from .export.run import run_export
+        from .exporter.run import run_export
 
         result = run_export(spec, log=log)
     diffs = spec.differences(folder.read_manifest())

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from .version import __version__
 
 
 def versions(with_python: bool = False, with_tensorrt: bool = False) -> dict[str, str | None]:

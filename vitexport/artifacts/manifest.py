@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from ..version import __version__
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..parity.compare import ParityStats, ParityVerdict

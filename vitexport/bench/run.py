@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from ..version import __version__
 from ..artifacts.folder import ModelFolder, artifact_kind
 from ..artifacts.manifest import Manifest
 from ..artifacts.verify import MISSING, FileCheck, check_folder

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from .. import __version__
+from ..version import __version__
 from .bench_cmd import bench_command
 from .failures import DEBUG_ENV, VitexportGroup, set_debug, stop_on_signals
 from .info_cmd import info_command

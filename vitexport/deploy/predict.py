@@ -97,7 +97,7 @@ def _runner_factories(folder: ModelFolder, manifest: Manifest, backend: str, pre
             raise VitexportError("PyTorch runs fp32 (or fp16 on a CUDA GPU); run INT8 on onnxruntime, openvino or "
                                  "tensorrt.")
         from ..backends.torch_backend import TorchRunner
-        from ..export.torch_model import model_from_manifest
+        from ..exporter.torch_model import model_from_manifest
 
         model = model_from_manifest(manifest)
         if output != ("logits" if manifest.num_classes > 0 else "pooled"):  # not the model's own forward

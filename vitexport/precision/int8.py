@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import __version__
+from ..version import __version__
 from ..data.images import IMAGE_SUFFIXES, Skipped, list_files, list_images, normalise, select
 from ..data.stream import decoded_crops, default_workers
 from ..errors import VitexportError

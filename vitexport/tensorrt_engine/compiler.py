@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import __version__
+from ..version import __version__
 from ..artifacts.folder import PLAN_SOURCE, ModelFolder, artifact_kind, onnx_digest
 from ..artifacts.sidecar import SIDECAR_FORMAT, write_sidecar
 from ..errors import VitexportError

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..artifacts.folder import external_data_of
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
