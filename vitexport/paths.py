@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -31,7 +32,11 @@ def artifacts_dir() -> Path:
 
 
 def shipped(*parts: str) -> Path:
-    return project_root().joinpath(*parts)
+    """Data shipped with vitexport (`parts` as the checkout lays it out, e.g. calibration/photos/calib): inside the
+    installed package when it came from a wheel (vitexport/shipped/, setup.py puts it there), else in the source
+    checkout, from any working directory."""
+    packaged = Path(str(resources.files(__package__).joinpath("shipped", *parts)))
+    return packaged if packaged.exists() else project_root().joinpath(*parts)
 
 
 DIGITS_CHECKPOINT = ("models", "digits", "vit_digits_patch4_32.safetensors")

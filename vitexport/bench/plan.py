@@ -7,13 +7,13 @@ from pathlib import Path
 
 from ..artifacts.manifest import Manifest
 from ..errors import VitexportError
-from ..export.torch_model import model_from_manifest
+from ..exporter.torch_model import model_from_manifest
 from ..model.outputs import EMBEDDINGS, WithOutputs
 from ..paths import DIGITS_VARIANT, default_heldout_dir
 from ..progress import QUIET, Log
 
 GENERATED_NOTE = ("generated once from the 360 held-out digits (moved, rescaled, noised: vitexport.data.digits), "
-                  "which alone are too few to decide the default bounds; --data calibration/digits/heldout for those")
+                  "which alone are too few to decide the default bounds; --data {heldout} for those")
 
 
 def bench_sizes(manifest: Manifest, sizes: tuple[tuple[int, int], ...] | None) -> list[tuple[int, int] | None]:
@@ -57,8 +57,9 @@ def torch_model(manifest: Manifest, output: str, log: Log):
 
 def generated_note(variant: str, given: Path | None, source: str) -> str:
     """What the report says of the set benched on: the note on the generated digits set when the default gave it."""
-    return GENERATED_NOTE if given is None and variant == DIGITS_VARIANT and \
-        Path(source) != default_heldout_dir(variant) else ""
+    heldout = default_heldout_dir(variant)
+    return GENERATED_NOTE.format(heldout=heldout) if given is None and variant == DIGITS_VARIANT and \
+        Path(source) != heldout else ""
 
 
 def default_bench_data(variant: str, log: Log = QUIET) -> Path:
