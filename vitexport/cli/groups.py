@@ -21,7 +21,7 @@ import click
 
 from ..errors import VitexportError
 from ..model.posembed import DEFAULT_INTERPOLATION, INTERPOLATIONS
-from ..model.spec import user_spec
+from ..model.spec import spec_for
 from ..model.variants import DEFAULT_VARIANT, get_variant, parse_img_size
 from ..precision.settings import (
     CALIB_METHODS,
@@ -29,8 +29,7 @@ from ..precision.settings import (
     DEFAULT_KEEP_FP32,
     DEFAULT_PERCENTILE,
     PLACEMENTS,
-    CalibOptions,
-    Int8Settings,
+    calib_options,
 )
 from ..progress import Log
 from .failures import UserError, to_click  # noqa: F401 - UserError: commands raise it from here
@@ -210,11 +209,9 @@ MODEL = OptionGroup(
 
 
 def _spec(variant, checkpoint, img_sizes, num_classes, pos_embed_interp, dynamic_img_size, img_size_range):
-    if img_size_range is not None and not dynamic_img_size:
-        raise UserError("--img-size-range needs --dynamic-img-size.")
-    spec = user_spec(variant, checkpoint, img_size=img_sizes[0] if img_sizes else None, num_classes=num_classes,
-                     pos_embed_interp=pos_embed_interp, dynamic_img_size=dynamic_img_size,
-                     img_size_range=img_size_range)
+    spec = spec_for(variant, checkpoint, img_sizes[0] if img_sizes else None, num_classes=num_classes,
+                    pos_embed_interp=pos_embed_interp, dynamic_img_size=dynamic_img_size,
+                    img_size_range=img_size_range)
     ctx = click.get_current_context(silent=True)
     if len(img_sizes) > 1 and (ctx is None or ctx.info_name != "bench"):
         raise UserError("--img-size is given once here; `vitexport bench` takes it more than once, to time a "
@@ -260,14 +257,7 @@ CALIB = OptionGroup(
             metavar="FILE", help="Label file for a flat --check-data folder (repeatable, one of each kind): CSV/TSV of file name (extension optional) and label (class index, WordNet synset or class name), ImageNet's LOC_val_solution.csv, or ImageNet-ReaL's real.json (ReaL accuracy as well)."),
         opt("--no-check", is_flag=True, help="Skip the parity check against FP32."),
     ],
-    lambda calib_data, calib_samples, calib_method, percentile, quantize_attention, placement, smoothquant, min_cos,
-    max_drop, exclude_node, exclude_block, keep_fp32, check_data, check_labels, no_check: CalibOptions(
-        data=calib_data, samples=calib_samples,
-        int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
-                          exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block), placement=placement,
-                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop),
-        keep_fp32=tuple(op.strip() for op in keep_fp32.split(",") if op.strip()),
-        check=not no_check, check_data=check_data, check_labels=tuple(check_labels)),
+    calib_options,  # the flags' names are its keywords
 )
 
 QUIET = OptionGroup(

@@ -7,20 +7,15 @@ from pathlib import Path
 
 import click
 
+from ..precision.settings import GRAPH_KINDS, graph_kinds
 from .groups import CALIB, MODEL, QUIET, TARGET, one_flag, use
-
-# --target -> the ONNX kinds made, per precision: the graph for CPU runtimes, the one shaped for TensorRT, or both
-TARGETS = {"fp16": {"cpu": ("fp16",), "tensorrt": ("fp16-trt",), "all": ("fp16", "fp16-trt")},
-           "int8": {"cpu": ("int8",), "tensorrt": ("int8-trt",), "all": ("int8", "int8-trt")},
-           "fp8": {"cpu": ("fp8",), "tensorrt": ("fp8",), "all": ("fp8",)}}  # one FP8 graph: TensorRT's
-
 
 @click.command("quantize")
 @click.option("--fp16", is_flag=True, help="Mixed FP16, FP32 inputs/outputs.")
 @click.option("--int8", is_flag=True, help="Symmetric INT8 Q/DQ from calibration.")
 @click.option("--fp8", is_flag=True, help="FP8 (E4M3) Q/DQ from calibration, shaped for TensorRT on Hopper/Ada "
                                           "(ONNX Runtime's CPU provider runs it too, for its accuracy).")
-@click.option("--target", "graph_target", type=click.Choice(list(TARGETS["int8"])), default="cpu",
+@click.option("--target", "graph_target", type=click.Choice(list(GRAPH_KINDS["int8"])), default="cpu",
               show_default=True,
               help="The graph for CPU runtimes (FP16: LayerNorm and Softmax in FP32; INT8: FP32 between the INT8 "
                    "GEMMs), the one shaped for TensorRT (every other op in FP16), or both (INT8: from one "
@@ -45,7 +40,7 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
         raise click.UsageError("Choose --fp16, --int8 or --fp8.")
     if precision == "fp16" and calib.int8.smoothquant is not None:
         raise click.UsageError("--smoothquant is for --int8 and --fp8.")
-    kinds = TARGETS[precision][graph_target]
+    kinds = graph_kinds(precision, graph_target)
     if (json_path or plot_path) and not sensitivity:
         raise click.UsageError("--json and --plot write what --sensitivity measures; add --sensitivity.")
     if sensitivity:

@@ -105,6 +105,18 @@ class ModelSpec:
         return diffs
 
 
+def spec_for(model: str | None = None, checkpoint: Path | str | None = None,
+             img_size: tuple[int, int] | None = None, *, num_classes: int | None = None,
+             pos_embed_interp: str | None = None, dynamic_img_size: bool = False,
+             img_size_range: tuple[tuple[int, int], tuple[int, int]] | None = None) -> ModelSpec:
+    """The spec of the model options a user gave (`-m`, `-c`, `--img-size`, ...; the CLI's option group and
+    `vitexport.export` both make it here): user_spec after the options are checked against one another."""
+    if img_size_range is not None and not dynamic_img_size:
+        raise VitexportError("--img-size-range needs --dynamic-img-size.")
+    return user_spec(model, checkpoint, img_size=img_size, num_classes=num_classes, pos_embed_interp=pos_embed_interp,
+                     dynamic_img_size=dynamic_img_size, img_size_range=img_size_range)
+
+
 def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **kw: Any) -> ModelSpec:
     """A spec from what a user typed: `model` a variant or a timm tagged name (fetched from timm/<name> on the
     hub), `checkpoint` a path or 'hf-hub:ORG/NAME[@REVISION]'. A checkpoint's config (a hub repository's, or a local

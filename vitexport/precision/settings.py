@@ -55,3 +55,34 @@ class CalibOptions:
     check_data: Path | None = None  # held-out images for the parity check; default: the shipped held-out set
     check_labels: tuple[Path, ...] = ()  # label files for check_data (data.labelfile)
     thresholds: "Thresholds | None" = None  # None: the precision's defaults (compare.DEFAULT_THRESHOLDS)
+
+
+# precision -> target -> the ONNX kinds made: the graph for CPU runtimes, the one shaped for TensorRT, or both
+GRAPH_KINDS = {"fp16": {"cpu": ("fp16",), "tensorrt": ("fp16-trt",), "all": ("fp16", "fp16-trt")},
+               "int8": {"cpu": ("int8",), "tensorrt": ("int8-trt",), "all": ("int8", "int8-trt")},
+               "fp8": {"cpu": ("fp8",), "tensorrt": ("fp8",), "all": ("fp8",)}}  # one FP8 graph: TensorRT's
+
+
+def graph_kinds(precision: str, target: str) -> tuple[str, ...]:
+    """The graphs `quantize` makes for a precision and a target (`quantize --target`, `vitexport.quantize`)."""
+    return GRAPH_KINDS[precision][target]
+
+
+def calib_options(calib_data: Path | str | None = None, calib_samples: int | None = None,
+                  calib_method: str = "percentile", percentile: float = DEFAULT_PERCENTILE,
+                  quantize_attention: bool | None = None, placement: str = "vitexport",
+                  smoothquant: float | None = None, min_cos: float | None = None, max_drop: float | None = None,
+                  exclude_node: tuple[str, ...] | list[str] = (), exclude_block: tuple[int, ...] | list[int] = (),
+                  keep_fp32: str | tuple[str, ...] = DEFAULT_KEEP_FP32, check_data: Path | str | None = None,
+                  check_labels: tuple[Path, ...] = (), no_check: bool = False) -> CalibOptions:
+    """A precision step's options from what a user gave, as `quantize`'s flags name them (the CLI's calibration
+    options and `vitexport.quantize` both make them here). keep_fp32: op types, or one comma-separated string."""
+    ops = keep_fp32.split(",") if isinstance(keep_fp32, str) else keep_fp32
+    return CalibOptions(
+        data=None if calib_data is None else Path(calib_data), samples=calib_samples,
+        int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
+                          exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block), placement=placement,
+                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop),
+        keep_fp32=tuple(op.strip() for op in ops if op.strip()),
+        check=not no_check, check_data=None if check_data is None else Path(check_data),
+        check_labels=tuple(check_labels))

@@ -1,0 +1,187 @@
+"""vitexport from Python: the steps the CLI runs, as functions returning results instead of printing them.
+
+    import vitexport
+
+    exported = vitexport.export("vit_base_patch16_224", img_size=384)
+    int8 = vitexport.quantize(exported.folder, "int8")
+
+Each function decides what the matching command decides, through the same code (`ensure.ensure_artifact`, the
+spec and calibration options built by `model.spec.spec_for` and `precision.settings.calib_options`, which the CLI's
+option groups call too). Bad input, a parity miss and a missing runtime raise `VitexportError` and its subclasses
+(`ParityError`, `BackendUnavailable`), each carrying the one sentence the CLI prints; nothing here exits the
+process. Progress is silent unless `progress` is given: it is called with each line the CLI would print on stderr
+(warnings start with "warning: "). Nothing heavy (torch, onnxruntime) is imported until a function runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from .errors import VitexportError
+
+if TYPE_CHECKING:
+    from .parity.compare import ParityStats
+    from .progress import Log
+
+Progress = Callable[[str], None]  # called with one line of progress (a warning starts with "warning: ")
+PRECISIONS = ("fp16", "int8", "fp8")
+TARGETS = ("cpu", "tensorrt", "all")
+
+
+@dataclass(frozen=True)
+class Parity:
+    """One comparison of a graph's outputs with its reference's, on the same inputs. status: 'pass', 'fail' (a
+    bound missed) or 'inconclusive' (no bound missed, but one judged on a sample could not be decided on this many
+    images: docs/PARITY.md)."""
+
+    status: str
+    images: int  # how many inputs were compared
+    max_abs: float
+    min_cosine: float
+    mean_cosine: float
+    top1_agree: float  # fraction of inputs whose top-1 matches the reference's
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What `export` wrote and how its check went: ONNX Runtime against PyTorch at each checked batch size."""
+
+    folder: Path  # the model folder (manifest.json, model.onnx, and what later steps add)
+    onnx: Path
+    manifest: Path
+    checks: list[Parity] = field(default_factory=list)  # one per checked batch (and size)
+    notes: list[str] = field(default_factory=list)  # what the build said of the weights (missing, resized, ...)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    """One graph `quantize` made (or found current), and its check against FP32 on held-out images."""
+
+    kind: str  # 'fp16' | 'fp16-trt' | 'int8' | 'int8-trt' | 'fp8'
+    onnx: Path
+    made: bool  # False: the file in the folder was current and kept
+    parity: Parity | None  # None: the check was skipped (check=False) or the file was kept
+
+
+def _parity(stats: "ParityStats", status: str) -> Parity:
+    return Parity(status=status, images=stats.n, max_abs=stats.max_abs, min_cosine=stats.cos_min,
+                  mean_cosine=stats.cos_mean, top1_agree=stats.top1_agree)
+
+
+def _log(progress: Progress | None) -> "Log":
+    from .progress import Log
+
+    class _Lines:  # a stream that hands each complete line to the callback
+        def __init__(self, fn: Progress):
+            self.fn, self.buf = fn, ""
+
+        def write(self, text: str) -> int:
+            self.buf += text
+            *lines, self.buf = self.buf.split("\n")
+            for line in lines:
+                if line.strip():
+                    self.fn(line)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    if progress is None:
+        class _Silent:
+            def write(self, text: str) -> int:
+                return len(text)
+
+            def flush(self) -> None:
+                pass
+
+        return Log(quiet=True, stream=_Silent())
+    return Log(stream=_Lines(progress))
+
+
+def _model_ref(model: str | Path | None, checkpoint: str | Path | None) -> tuple[str | None, str | Path | None]:
+    """`model` as the CLI's -m and -c: a name (ARCH, ARCH.TAG) is -m; an hf-hub: reference or an existing path is
+    the checkpoint (its config names the model)."""
+    if model is None:
+        return None, checkpoint
+    if not isinstance(model, (str, Path)):
+        raise VitexportError(f"export() takes a model name, a folder or file, or an hf-hub: reference; got a "
+                             f"{type(model).__module__}.{type(model).__qualname__} object.")
+    text = str(model)
+    if text.startswith("hf-hub:") or isinstance(model, Path) or Path(text).exists():
+        if checkpoint is not None:
+            raise VitexportError(f"{text} is a checkpoint already; give `checkpoint` with a model name only.")
+        return None, text
+    return text, checkpoint
+
+
+def export(model: str | Path | None = None, *, checkpoint: str | Path | None = None,
+           img_size: int | tuple[int, int] | None = None, num_classes: int | None = None,
+           output: str | Path | None = None, dynamic_img_size: bool = False,
+           img_size_range: tuple[tuple[int, int], tuple[int, int]] | None = None, outputs: str | None = None,
+           pos_embed_interp: str | None = None, opset: int | None = None, atol: float | None = None,
+           check_batches: tuple[int, ...] = (1, 3), force: bool = False,
+           progress: Progress | None = None) -> ExportResult:
+    """`vitexport onnx`: build the model, load its weights, export ONNX with a symbolic batch and check it against
+    PyTorch in ONNX Runtime. `model`: a timm architecture or tagged name, an hf-hub: reference, or a checkpoint file
+    or folder (its config names the model); None: the default model. `output`: the folder (default
+    models/<variant>-<H>x<W>/). Raises ParityError when ONNX Runtime and PyTorch disagree."""
+    from .ensure import ensure_artifact
+    from .model.spec import ExportOptions, spec_for
+    from .preflight import check_export
+
+    name, ckpt = _model_ref(model, checkpoint)
+    size = (img_size, img_size) if isinstance(img_size, int) else img_size
+    spec = spec_for(name, ckpt, size, num_classes=num_classes, pos_embed_interp=pos_embed_interp,
+                    dynamic_img_size=dynamic_img_size, img_size_range=img_size_range)
+    opts = ExportOptions(check_batches=tuple(check_batches), force=force, outputs=outputs)
+    if opset is not None:
+        opts.opset = opset
+    if atol is not None:
+        opts.atol = atol
+    check_export(spec, opts.check_batches)
+    artifact = ensure_artifact(None if output is None else Path(output), "fp32", spec=spec, export_opts=opts,
+                               fresh=True, log=_log(progress))
+    result = artifact.export
+    checks = [] if result is None else [_parity(c.stats, "pass" if c.passed else "fail") for c in result.checks]
+    return ExportResult(folder=artifact.folder.path, onnx=artifact.path, manifest=artifact.folder.manifest_path,
+                        checks=checks, notes=[] if result is None else list(result.notes))
+
+
+def quantize(folder: str | Path, precision: str, *, target: str = "cpu", calib_data: str | Path | None = None,
+             calib_samples: int | None = None, check: bool = True, check_data: str | Path | None = None,
+             quantize_attention: bool | None = None, smoothquant: float | None = None,
+             min_cos: float | None = None, max_drop: float | None = None,
+             progress: Progress | None = None) -> list[QuantizeResult]:
+    """`vitexport quantize --fp16 | --int8 | --fp8 [--target cpu|tensorrt|all]` on an exported folder (or its
+    model.onnx): each graph made and checked against FP32 on held-out images, one result per graph. Raises
+    ParityError when a graph misses its bounds (the file is not kept)."""
+    from .ensure import ensure_artifact
+    from .precision.settings import calib_options, graph_kinds
+
+    if precision not in PRECISIONS:
+        raise VitexportError(f"Unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}.")
+    if target not in TARGETS:
+        raise VitexportError(f"Unknown target {target!r}: choose one of {', '.join(TARGETS)}.")
+    if precision == "fp16" and smoothquant is not None:
+        raise VitexportError("smoothquant is for int8 and fp8.")
+    calib = calib_options(calib_data=calib_data, calib_samples=calib_samples, quantize_attention=quantize_attention,
+                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop, check_data=check_data,
+                          no_check=not check)
+    log, results = _log(progress), []
+    for kind in graph_kinds(precision, target):
+        artifact = ensure_artifact(Path(folder), kind, calib=calib, fresh=True, log=log)
+        made = artifact.precision
+        verdict = None if made is None else made.verdict
+        results.append(QuantizeResult(kind=kind, onnx=artifact.path, made=artifact.made,
+                                      parity=None if verdict is None else _parity(verdict.stats, verdict.status)))
+    return results
