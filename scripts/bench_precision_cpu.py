@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vitexport.bench.run import BenchOptions, run_bench
+from vitexport.benchmark.run import BenchOptions, run_bench
 from vitexport.ensure import ensure_artifact, open_model
 from vitexport.precision import CalibOptions, Int8Settings
 from vitexport.progress import Log

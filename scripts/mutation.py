@@ -145,7 +145,7 @@ EQUIVALENT: dict[str, str] = {
     **{_C + f"x_calibrate__mutmut_{i}": "one count runs at a time whatever the pool's size or thread names: each "
        "is waited for before the next is submitted" for i in range(68, 75)},
     _C + "x_calibrate__mutmut_104": "every collector's result() is a Python float already",
-    "vitexport.bench.figures.x_unsettled_line__mutmut_9": "STABLE * 101 is 2.02 where STABLE * 100 is 2: the same "
+    "vitexport.benchmark.figures.x_unsettled_line__mutmut_9": "STABLE * 101 is 2.02 where STABLE * 100 is 2: the same "
     "whole percent",
     _E + "x_dtype_of__mutmut_8": "the text is lower-cased before the split: A-Z never occurs in it",
     _E + "x__kind__mutmut_37": "the pattern is matched with re.I: its letters' case does not matter",

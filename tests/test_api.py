@@ -1,6 +1,7 @@
 """The Python API: docs/API.md's examples run as written, and what the API promises beyond them (a light import,
 the CLI's sentences, no exit from library code)."""
 
+import json
 import re
 import subprocess
 import sys
@@ -25,6 +26,7 @@ def test_the_docs_examples_run_in_an_empty_folder(tmp_path, monkeypatch, capsys)
         exec(compile(block, "docs/API.md", "exec"), scope)
     folder = scope["exported"].folder
     assert (tmp_path / folder / "manifest.json").is_file() and (tmp_path / folder / "model.int8.onnx").is_file()
+    assert json.loads((tmp_path / "bench.json").read_text())["results"] and (tmp_path / "bench.md").is_file()
     assert "Unknown model 'vit_no_such_model'" in capsys.readouterr().out
 
 

@@ -16,7 +16,7 @@ from scipy.stats import binomtest
 
 from vitexport.artifacts.folder import ModelFolder
 from vitexport.backends.base import Runner
-from vitexport.bench.run import PREPARED_KINDS, discover
+from vitexport.benchmark.run import PREPARED_KINDS, discover
 from vitexport.cli import cli
 from vitexport.data.digits import cached_set
 from vitexport.data.images import load_folder
@@ -329,7 +329,7 @@ def test_bf16_is_not_run_where_the_cpu_would_emulate_it(digits, monkeypatch):
 def test_default_timing_stops_once_the_median_is_stable():
     """Without --iterations: five runs at least, then stop when the last two runs moved the median by 2 % or less,
     at ten runs at most, and never before --min-time; a given count is kept exactly as before."""
-    from vitexport.bench.latency import enough
+    from vitexport.benchmark.latency import enough
 
     steady, drifting = [100.0] * 5, [100.0, 110.0, 120.0, 130.0, 140.0, 150.0, 160.0]
     assert not enough(steady[:4], None, 10.0, 1.0) and enough(steady, None, 10.0, 1.0)

@@ -18,7 +18,7 @@ from vitexport.backends.endpoint import (
     server_counts,
     to_pixels,
 )
-from vitexport.bench.load import Window, stable, summarise
+from vitexport.benchmark.load import Window, stable, summarise
 from vitexport.data.images import normalise
 from vitexport.data.preprocess import Preprocess
 from vitexport.errors import VitexportError
@@ -250,7 +250,7 @@ class _Served:
 
 
 def test_load_keeps_n_in_flight_until_three_windows_agree_and_counts_as_the_server_does():
-    from vitexport.bench.load import measure_load
+    from vitexport.benchmark.load import measure_load
 
     served = _Served(lambda i: 0.004, lag=0.05)  # the server counts 50 ms late: read once it has caught up
     lat = measure_load(served, np.zeros((3, 3, 8, 8), np.float32), 4, window_s=0.1, min_requests=10, warmup=2)
@@ -263,7 +263,7 @@ def test_load_keeps_n_in_flight_until_three_windows_agree_and_counts_as_the_serv
 
 
 def test_a_load_that_never_settles_is_reported_unstable():
-    from vitexport.bench.load import measure_load
+    from vitexport.benchmark.load import measure_load
 
     served = _Served(lambda i: 0.002 * (1 + i / 3))  # every request a third slower than the first, again
     lat = measure_load(served, np.zeros((1, 3, 8, 8), np.float32), 1, window_s=0.02, min_requests=5, max_windows=6,

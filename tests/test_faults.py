@@ -364,7 +364,7 @@ def test_an_img_size_that_cannot_fit_is_refused_before_any_work(tmp_path, monkey
 
 
 def test_a_bench_batch_that_cannot_fit_is_refused_before_any_work(folder, monkeypatch):
-    import vitexport.bench.run as bench_run
+    import vitexport.benchmark.run as bench_run
 
     monkeypatch.setattr(preflight, "mem_available", lambda: 16 * 10**9)  # the same answer on any machine
     ran = _never(monkeypatch, bench_run, "prepare_bench") + _never(monkeypatch, bench_run, "run_bench")

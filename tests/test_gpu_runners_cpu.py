@@ -20,7 +20,7 @@ from vitexport.backends import cuda_stream as cuda_stream_module
 from vitexport.backends import tensorrt as trt_runner_module
 from vitexport.backends.base import Runner
 from vitexport.backends.tensorrt import TensorRTRunner
-from vitexport.bench.latency import measure_latency
+from vitexport.benchmark.latency import measure_latency
 from vitexport.errors import BackendUnavailable, VitexportError
 from vitexport.tensorrt_engine.options import BuildOptions
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from vitexport.backends.base import Runner
-from vitexport.bench import latency
-from vitexport.bench.latency import Latency, enough, measure_latency, median_stable, takes_batch
+from vitexport.benchmark import latency
+from vitexport.benchmark.latency import Latency, enough, measure_latency, median_stable, takes_batch
 
 
 class _Clock:

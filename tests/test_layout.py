@@ -78,7 +78,7 @@ def test_the_check_finds_a_spelled_name(tmp_path):
 LAYERS = [
     ("__main__", "__init__"),
     ("cli", "api"),
-    ("bench", "deploy"),
+    ("benchmark", "deploy"),
     ("ensure",),
     ("openvino_ir",),
     ("exporter", "precision"),
@@ -165,9 +165,9 @@ def test_the_check_finds_an_import_that_points_up(tmp_path):
     copy = _copy_package(tmp_path)
     assert not layering_violations(copy)
     planted = copy / "model" / "vit.py"
-    planted.write_text(planted.read_text() + "\n\ndef _late():\n    from ..bench.run import run_bench\n")
+    planted.write_text(planted.read_text() + "\n\ndef _late():\n    from ..benchmark.run import run_bench\n")
     assert layering_violations(copy) == [f"vitexport/model/vit.py:{len(planted.read_text().splitlines())} "
-                                         "imports vitexport.bench.run"]
+                                         "imports vitexport.benchmark.run"]
 
 
 def test_the_check_finds_an_import_across_one_layer(tmp_path):

@@ -16,7 +16,7 @@ from vitexport.artifacts.folder import ModelFolder
 from vitexport.backends.base import infer_in_chunks
 from vitexport.backends.openvino_backend import OpenVinoRunner, cpu_capabilities, has_bf16
 from vitexport.backends.ort_session import create_session
-from vitexport.bench.run import discover
+from vitexport.benchmark.run import discover
 from vitexport.cli import cli
 from vitexport.data.images import load_folder
 from vitexport.validate.labels import model_labels as labels_for_model

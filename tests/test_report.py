@@ -1,9 +1,9 @@
 """The bench report's text, from hand-made results: unavailable rows grouped by cause, untimed rows without a
 speed ratio."""
 
-from vitexport.bench.latency import Latency
-from vitexport.bench.report import print_table, to_markdown, unavailable_lines
-from vitexport.bench.run import BackendResult, BenchReport
+from vitexport.benchmark.latency import Latency
+from vitexport.benchmark.report import print_table, to_markdown, unavailable_lines
+from vitexport.benchmark.run import BackendResult, BenchReport
 
 GPU = "no CUDA GPU visible, so {} cannot start"
 TRT = "TensorRT is not installed; install it with `pip install 'vitexport[trt]'` on a machine with an NVIDIA GPU."
@@ -75,7 +75,7 @@ def test_timings_whose_median_had_not_settled_are_named_with_their_runs(capsys):
     assert "onnxruntime cpu fp32 batch 8 (4 runs)" in line and "batch 1" not in line
     assert "openvino" not in line and "triton" not in line
     assert "- Timing stopped before the median settled" in to_markdown(report)
-    from vitexport.bench.figures import unsettled_line
+    from vitexport.benchmark.figures import unsettled_line
 
     rows[1].latency = [Latency(1, 3, 20.0, 19.0, 21.0, 22.0, 50.0, stable=False)]
     assert ": onnxruntime cpu fp32 batch 8 (4 runs), openvino cpu fp32 batch 1 (3 runs); " in unsettled_line(
@@ -95,7 +95,7 @@ def _row(name, available=True, **figures):
 
 
 def test_the_figures_beyond_the_table_are_one_line_each_with_their_intervals():
-    from vitexport.bench.figures import figure_lines
+    from vitexport.benchmark.figures import figure_lines
 
     subset = _row("onnxruntime cpu int8", subset_classes=200, acc_subset=0.8125, acc_subset_ci=[0.78, 0.843],
                   acc_subset_ref=0.82, acc_subset_drop_ci=[-0.5, 2.0])
@@ -120,7 +120,7 @@ def test_the_figures_beyond_the_table_are_one_line_each_with_their_intervals():
 
 
 def test_the_data_and_label_lines_say_where_they_came_from():
-    from vitexport.bench.figures import labels_line, source_line
+    from vitexport.benchmark.figures import labels_line, source_line
 
     assert source_line({"n": 2000, "source": "/data/x", "generated": "generated once from the photos"}) == \
         "Data: the 2,000 images of /data/x, generated once from the photos."

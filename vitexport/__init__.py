@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 from .errors import BackendUnavailable, ParityError, VitexportError
 from .version import __version__
 
-_API = ("export", "quantize", "ExportResult", "QuantizeResult", "Parity")
+_API = ("export", "quantize", "bench", "ExportResult", "QuantizeResult", "BenchResult", "BenchRow", "Parity")
 __all__ = [*_API, "VitexportError", "ParityError", "BackendUnavailable", "__version__"]
 
 if TYPE_CHECKING:
-    from .api import ExportResult, Parity, QuantizeResult, export, quantize
+    from .api import BenchResult, BenchRow, ExportResult, Parity, QuantizeResult, bench, export, quantize
 
 
 def __getattr__(name: str) -> Any:

@@ -185,3 +185,86 @@ def quantize(folder: str | Path, precision: str, *, target: str = "cpu", calib_d
         results.append(QuantizeResult(kind=kind, onnx=artifact.path, made=artifact.made,
                                       parity=None if verdict is None else _parity(verdict.stats, verdict.status)))
     return results
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One row of a bench: a backend at one batch size (batch None: a graph checked for parity only, or a backend
+    that did not run), with its latency and its parity against the PyTorch FP32 reference on every input."""
+
+    name: str  # 'onnxruntime cpu int8'
+    backend: str  # 'pytorch' | 'onnxruntime' | 'openvino' | 'tensorrt' | 'endpoint'
+    precision: str
+    device: str
+    available: bool
+    reason: str  # why it did not run ('' when it did)
+    batch: int | None
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    throughput: float | None  # images per second
+    parity: Parity | None
+    top1: float | None  # top-1 accuracy on labelled data, else None
+    verdict: str  # 'pass' | 'fail' | 'inconclusive' | 'unavailable'
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """A finished bench: its rows, the report the CLI renders (`report`), and the same writers."""
+
+    rows: list[BenchRow]
+    report: object  # vitexport.benchmark.run.BenchReport
+    passed: bool
+    failures: list[str]
+
+    def write(self, json: str | Path | None = None, markdown: str | Path | None = None,
+              csv: str | Path | None = None, plot: str | Path | None = None) -> list[Path]:
+        """The report files the CLI's --json/--markdown/--csv/--plot write; the paths written."""
+        from .benchmark.outputs import write_outputs
+
+        return write_outputs(self.report, json, markdown, csv, plot)  # type: ignore[arg-type]
+
+
+def bench(folder: str | Path | None = None, *, model: str | None = None, data: str | Path | None = None,
+          labels: tuple[str | Path, ...] = (), backends: tuple[str, ...] = (), batches: tuple[int, ...] | None = None,
+          iterations: int | None = None, max_images: int | None = None, threads: int | None = None,
+          strict: bool = False, prepare: bool = True, progress: Progress | None = None) -> BenchResult:
+    """`vitexport bench`: every available backend on the same inputs, parity against PyTorch FP32 and latency.
+    `folder`: an exported folder; None: the folder of `model` (default: the default model), exported and its
+    FP16/INT8 graphs made first when missing (prepare=False: only what exists). `backends`: substrings of row
+    names to keep. strict: a parity miss, an undecided bound or skipped data files raise ParityError (else they
+    are in `failures`)."""
+    from .benchmark.run import BenchOptions, outcome, prepare_bench, run_bench
+    from .model.spec import spec_for
+    from .preflight import check_bench
+
+    if folder is not None and model is not None:
+        raise VitexportError("Give a model folder or a model name, not both.")
+    target = None if folder is None else Path(folder)
+    spec = None if target is not None else spec_for(model)
+    check_bench(target, spec, batches)
+    opts = BenchOptions(data=None if data is None else Path(data), labels=tuple(Path(p) for p in labels),
+                        backends=tuple(backends), batches=batches, iterations=iterations, max_images=max_images,
+                        threads=threads, strict=strict)
+    log = _log(progress)
+    chosen = prepare_bench(target, spec, prepare=prepare, data=opts.data, log=log)
+    report = run_bench(chosen, opts, log)
+    error, warning = outcome(report, strict)
+    if error is not None:
+        raise error
+    if warning:
+        log.warn(warning)
+    rows = []
+    for r in report.results:
+        parity = None if r.parity is None else _parity(r.parity.stats, r.parity.status)
+        verdict = "unavailable" if not r.available else parity.status if parity is not None else "pass"
+        top1 = None if r.parity is None else r.parity.stats.acc
+        common = dict(name=r.name, backend=r.backend, precision=r.precision, device=r.device,
+                      available=r.available, reason=r.reason, parity=parity, top1=top1, verdict=verdict)
+        if not r.latency:  # parity only, or not run
+            rows.append(BenchRow(batch=None, p50_ms=None, p90_ms=None, p99_ms=None, throughput=None,
+                                 **common))  # type: ignore[arg-type]
+        for lat in r.latency:
+            rows.append(BenchRow(batch=lat.batch, p50_ms=lat.p50_ms, p90_ms=lat.p90_ms, p99_ms=lat.p99_ms,
+                                 throughput=lat.throughput, **common))  # type: ignore[arg-type]
+    return BenchResult(rows=rows, report=report, passed=report.passed, failures=report.failures())

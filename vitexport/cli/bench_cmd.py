@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import ParityError, VitexportError
+from ..errors import VitexportError
 from ..parity.compare import DEFAULT_THRESHOLDS, Thresholds
 from .groups import MODEL, QUIET, TARGET, OptionGroup, opt, use
 
@@ -188,10 +188,10 @@ def bench_command(target, spec, opts, endpoint, no_prepare, files, log):
     from ..preflight import check_bench
 
     check_bench(target, spec, opts["batches"])  # a --batch that cannot fit: refused before torch is even loaded
-    from ..bench.outputs import write_outputs
-    from ..bench.report import print_table, skipped_count
-    from ..bench.run import BenchOptions, prepare_bench, run_bench
-    from ..bench.served import EndpointOptions
+    from ..benchmark.outputs import write_outputs
+    from ..benchmark.report import print_table
+    from ..benchmark.run import BenchOptions, outcome, prepare_bench, run_bench
+    from ..benchmark.served import EndpointOptions
 
     sizes = spec.bench_sizes if target is not None or len(spec.bench_sizes) > 1 else ()
     opts = BenchOptions(**opts, img_sizes=sizes or None, endpoints=EndpointOptions(**endpoint))
@@ -205,14 +205,8 @@ def bench_command(target, spec, opts, endpoint, no_prepare, files, log):
         raise VitexportError(f"Could not write the report: {e.strerror or e} ({e.filename}).") from None
     for p in written:
         click.echo(f"wrote {p}")
-    skipped = skipped_count(report.data)
-    if skipped and opts.strict:
-        raise ParityError(f"{skipped:,} file(s) of {report.data['source']} were skipped (--strict); see the warning "
-                          f"above and data.skipped in the JSON.")
-    if not report.passed:
-        msg = f"Failed: {'; '.join(report.failures())}."
-        if any(r.error for r in report.results):  # a served model asked for by URL failed: with or without --strict
-            raise VitexportError(msg)
-        if opts.strict:
-            raise ParityError(msg)
-        click.echo(f"warning: {msg} (--strict makes this exit 1)", err=True)
+    error, warning = outcome(report, opts.strict)
+    if error is not None:
+        raise error
+    if warning:
+        click.echo(f"warning: {warning}", err=True)

@@ -136,6 +136,22 @@ class BenchReport:
         return d
 
 
+def outcome(report: BenchReport, strict: bool) -> tuple[VitexportError | None, str]:
+    """What a finished bench ends with, for the CLI and `vitexport.bench` alike: (the error to raise, or None; a
+    warning to show, or ''). A served row that failed is an error with or without strict; a parity miss, an
+    undecided bound or skipped data files are one (ParityError) only with strict, else a warning."""
+    skipped = int((report.data.get("skipped") or {}).get("count", 0))
+    if skipped and strict:
+        return ParityError(f"{skipped:,} file(s) of {report.data['source']} were skipped (--strict); see the warning "
+                           f"above and data.skipped in the JSON."), ""
+    if report.passed:
+        return None, ""
+    msg = f"Failed: {'; '.join(report.failures())}."
+    if any(r.error for r in report.results):
+        return VitexportError(msg), ""
+    return (ParityError(msg), "") if strict else (None, f"{msg} (--strict makes this exit 1)")
+
+
 def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = None, *, prepare: bool = True,
                   sizes: tuple[tuple[int, int], ...] | None = None, judge_output: str | None = None,
                   data: Path | None = None, log: Log = QUIET) -> ModelFolder:

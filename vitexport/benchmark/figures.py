@@ -40,7 +40,7 @@ def figure_lines(report: "BenchReport") -> list[str]:
 
 
 def unsettled_line(report: "BenchReport") -> str:
-    """The timed rows whose median still moved when their time ran out (bench.latency: Latency.stable False), with
+    """The timed rows whose median still moved when their time ran out (benchmark.latency: Latency.stable False), with
     their runs; '' when there are none (a served model's load is said apart, with its windows)."""
     from .latency import BUDGET_S, STABLE
 
