@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from .progress import Log
 
 Progress = Callable[[str], None]  # called with one line of progress (a warning starts with "warning: ")
-PRECISIONS = ("fp16", "int8", "fp8")
-TARGETS = ("cpu", "tensorrt", "all")
 
 
 @dataclass(frozen=True)
@@ -96,16 +94,7 @@ def _log(progress: Progress | None) -> "Log":
         def flush(self) -> None:
             pass
 
-    if progress is None:
-        class _Silent:
-            def write(self, text: str) -> int:
-                return len(text)
-
-            def flush(self) -> None:
-                pass
-
-        return Log(quiet=True, stream=_Silent())
-    return Log(stream=_Lines(progress))
+    return Log(quiet=progress is None, stream=_Lines(progress or (lambda line: None)))  # None: warnings too
 
 
 def _model_ref(model: str | Path | None, checkpoint: str | Path | None) -> tuple[str | None, str | Path | None]:
@@ -166,12 +155,12 @@ def quantize(folder: str | Path, precision: str, *, target: str = "cpu", calib_d
     model.onnx): each graph made and checked against FP32 on held-out images, one result per graph. Raises
     ParityError when a graph misses its bounds (the file is not kept)."""
     from .ensure import ensure_artifact
-    from .precision.settings import calib_options, graph_kinds
+    from .precision.settings import GRAPH_KINDS, calib_options, graph_kinds
 
-    if precision not in PRECISIONS:
-        raise VitexportError(f"Unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}.")
-    if target not in TARGETS:
-        raise VitexportError(f"Unknown target {target!r}: choose one of {', '.join(TARGETS)}.")
+    if precision not in GRAPH_KINDS:
+        raise VitexportError(f"Unknown precision {precision!r}: choose one of {', '.join(GRAPH_KINDS)}.")
+    if target not in GRAPH_KINDS[precision]:
+        raise VitexportError(f"Unknown target {target!r}: choose one of {', '.join(GRAPH_KINDS[precision])}.")
     if precision == "fp16" and smoothquant is not None:
         raise VitexportError("smoothquant is for int8 and fp8.")
     calib = calib_options(calib_data=calib_data, calib_samples=calib_samples, quantize_attention=quantize_attention,

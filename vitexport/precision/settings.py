@@ -58,9 +58,11 @@ class CalibOptions:
 
 
 # precision -> target -> the ONNX kinds made: the graph for CPU runtimes, the one shaped for TensorRT, or both
-GRAPH_KINDS = {"fp16": {"cpu": ("fp16",), "tensorrt": ("fp16-trt",), "all": ("fp16", "fp16-trt")},
-               "int8": {"cpu": ("int8",), "tensorrt": ("int8-trt",), "all": ("int8", "int8-trt")},
-               "fp8": {"cpu": ("fp8",), "tensorrt": ("fp8",), "all": ("fp8",)}}  # one FP8 graph: TensorRT's
+GRAPH_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "fp16": {"cpu": ("fp16",), "tensorrt": ("fp16-trt",), "all": ("fp16", "fp16-trt")},
+    "int8": {"cpu": ("int8",), "tensorrt": ("int8-trt",), "all": ("int8", "int8-trt")},
+    "fp8": {"cpu": ("fp8",), "tensorrt": ("fp8",), "all": ("fp8",)},  # one FP8 graph: TensorRT's
+}
 
 
 def graph_kinds(precision: str, target: str) -> tuple[str, ...]:
