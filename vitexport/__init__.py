@@ -1,6 +1,6 @@
 """vitexport: Vision Transformers from checkpoint to ONNX, FP16/INT8 and TensorRT, with proof of parity.
 
-From Python (docs/API.md): `vitexport.export(...)`, `vitexport.quantize(...)`; errors are `VitexportError` and its
+From Python (docs/API.md): `vitexport.export(...)`, `quantize`, `bench`, `openvino`, `trt`, `triton`, `predict`; errors are `VitexportError` and its
 subclasses. Importing the package loads no numeric library: each function imports what it needs when called.
 """
 
@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 from .errors import BackendUnavailable, ParityError, VitexportError
 from .version import __version__
 
-_API = ("export", "quantize", "bench", "ExportResult", "QuantizeResult", "BenchResult", "BenchRow", "Parity")
+_API = ("export", "quantize", "bench", "openvino", "trt", "triton", "predict", "ExportResult", "QuantizeResult",
+        "BenchResult", "BenchRow", "OpenVinoResult", "TrtResult", "TritonResult", "Prediction", "Parity")
 __all__ = [*_API, "VitexportError", "ParityError", "BackendUnavailable", "__version__"]
 
 if TYPE_CHECKING:
-    from .api import BenchResult, BenchRow, ExportResult, Parity, QuantizeResult, bench, export, quantize
+    from .api import (BenchResult, BenchRow, ExportResult, OpenVinoResult, Parity, Prediction, QuantizeResult,
+                      TritonResult, TrtResult, bench, export, openvino, predict, quantize, triton, trt)
 
 
 def __getattr__(name: str) -> Any:

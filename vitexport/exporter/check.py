@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 
 from ..artifacts.manifest import BatchCheck
@@ -24,35 +26,49 @@ def check_onnx_against_torch(onnx_path: Path, model: VisionTransformer, batches:
     """Run the ONNX in ONNX Runtime (CPU) and the model in PyTorch on the same random inputs, per batch size (and
     per image size, for a dynamic-size export): every output of `outputs` (model.outputs); a batch's check is
     that of its worst output."""
+    def reference(x: torch.Tensor) -> list[np.ndarray]:
+        with torch.no_grad():
+            features = model.forward_features(x)
+            return [compute(model, features, name).numpy() for name in outputs]
+
+    return check_onnx(onnx_path, reference, outputs, model.cfg.in_chans, sizes or [model.cfg.img_size], batches,
+                      thresholds, seed, log, per_size=sizes is not None)
+
+
+def check_onnx(onnx_path: Path, reference: Callable[[torch.Tensor], list[np.ndarray]], outputs: tuple[str, ...],
+               in_chans: int, sizes: list[tuple[int, int]], batches: tuple[int, ...],
+               thresholds: Thresholds | None = None, seed: int = 0, log: Log = QUIET, against: str = "PyTorch",
+               per_size: bool | None = None) -> list[BatchCheck]:
+    """ONNX Runtime's `outputs` against `reference(x)`'s (one array per output) on the same seeded random inputs,
+    at every batch size and image size; a batch's check is that of its worst output."""
     thresholds = thresholds or export_thresholds()
     sess = create_session(onnx_path)
     gen = torch.Generator().manual_seed(seed)
-    cfg = model.cfg
+    per_size = len(sizes) > 1 if per_size is None else per_size
     checks = []
-    for b, size in [(b, s) for s in (sizes or [cfg.img_size]) for b in batches]:
-        x = torch.randn(b, cfg.in_chans, *size, generator=gen)
-        with torch.no_grad():
-            features = model.forward_features(x)
-            refs = [compute(model, features, name).numpy() for name in outputs]
+    for b, size in [(b, s) for s in sizes for b in batches]:
+        x = torch.randn(b, in_chans, *size, generator=gen)
+        refs = reference(x)
         outs = sess.run(list(outputs), {INPUT_NAME: x.numpy()})
         verdicts = []
         for name, ref, out in zip(outputs, refs, outs):
             if out.shape != ref.shape:
-                raise ParityError(f"ONNX output {name} has shape {out.shape}, PyTorch's {ref.shape}, at batch {b}.")
+                raise ParityError(f"ONNX output {name} has shape {out.shape}, {against}'s {ref.shape}, at batch {b}.")
             verdicts.append(thresholds.judge(compare(ref, out)))
         verdict = min(verdicts, key=lambda v: (v.passed, -v.stats.max_abs))
-        checks.append(BatchCheck(b, verdict.stats, verdict.passed, None if sizes is None else tuple(size)))
-        at = "" if sizes is None else f" at {size[0]}x{size[1]}"
-        log.info(f"batch {b:>3}{at}: max abs diff {verdict.stats.max_abs:.2e}, min cosine "
+        checks.append(BatchCheck(b, verdict.stats, verdict.passed, tuple(size) if per_size else None))
+        at = f" at {size[0]}x{size[1]}" if per_size else ""
+        vs = "" if against == "PyTorch" else f" against {against}"
+        log.info(f"batch {b:>3}{at}{vs}: max abs diff {verdict.stats.max_abs:.2e}, min cosine "
                  f"{verdict.stats.cos_min:.7f} -> {'ok' if verdict.passed else 'FAIL'}")
     return checks
 
 
-def require_parity(checks: list[BatchCheck], thresholds: Thresholds) -> None:
+def require_parity(checks: list[BatchCheck], thresholds: Thresholds, against: str = "PyTorch") -> None:
     """ParityError (exit 1) naming the worst figures when any batch missed."""
     if all(c.passed for c in checks):
         return
     worst = max(c.stats.max_abs for c in checks)
     cos = min(c.stats.cos_min for c in checks)
-    raise ParityError(f"ONNX Runtime and PyTorch disagree: max abs diff {worst:.3g} (allowed {thresholds.max_abs:g}), "
+    raise ParityError(f"ONNX Runtime and {against} disagree: max abs diff {worst:.3g} (allowed {thresholds.max_abs:g}), "
                       f"min cosine {cos:.7f} (allowed {thresholds.cos_min:g}); the previous model (if any) was kept.")

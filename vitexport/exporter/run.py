@@ -7,7 +7,7 @@ existing one (force=True does); files made from a previous export with other byt
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..artifacts.folder import ModelFolder
@@ -20,7 +20,7 @@ from ..parity.compare import export_thresholds
 from ..paths import sha256_file
 from ..preflight import check_export, check_opset
 from ..progress import QUIET, Log
-from .check import check_onnx_against_torch, require_parity
+from .check import check_onnx, check_onnx_against_torch, require_parity
 from ..model.outputs import default_outputs, parse_outputs, primary
 from ..model.outputs import shapes as output_shapes
 from .to_onnx import INPUT_NAME, OUTPUT_NAME, onnx_metadata, staged_onnx
@@ -34,6 +34,7 @@ class ExportResult:
     manifest: Manifest
     checks: list[BatchCheck]
     notes: list[str]
+    object_checks: list[BatchCheck] = field(default_factory=list)  # against ExportOptions.reference, when given
 
     @property
     def manifest_path(self) -> Path:
@@ -157,8 +158,17 @@ def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: 
             checks = check_onnx_against_torch(staged, built.model, opts.check_batches, thresholds, log=log,
                                               sizes=sizes, outputs=outputs)
         require_parity(checks, thresholds)
+        object_checks = []
+        names = tuple(o for o in outputs if o in opts.reference_outputs)
+        if opts.reference is not None and names:
+            cfg, reference = built.model.cfg, opts.reference
+            with log.step(f"Checking ONNX Runtime against {opts.reference_name} at batch {batches}"):
+                object_checks = check_onnx(staged, lambda x: reference(x, names), names, cfg.in_chans,
+                                           [cfg.img_size], opts.check_batches, thresholds, log=log,
+                                           against=opts.reference_name)
+            require_parity(object_checks, thresholds, opts.reference_name)
     manifest.parity = ExportParity(opts.atol, checks)
     manifest.onnx_sha256, manifest.onnx_bytes = sha256_file(onnx_path), onnx_path.stat().st_size
     _keep_or_remove_derived(folder, manifest, previous, log)
     folder.write_manifest(manifest)
-    return ExportResult(folder, onnx_path, manifest, checks, built.notes)
+    return ExportResult(folder, onnx_path, manifest, checks, built.notes, object_checks)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..artifacts.folder import ModelFolder
 from ..data.preprocess import Preprocess
@@ -271,3 +271,9 @@ class ExportOptions:
     atol: float = EXPORT_THRESHOLDS.max_abs  # max abs logit difference allowed at that check (docs/PARITY.md)
     force: bool = False  # replace an existing export of another model or checkpoint
     outputs: str | None = None  # --outputs: comma-separated names (model.outputs); None: the model's default
+    # a model object the export must match too (vitexport.export(obj)): reference(x, names) returns the object's
+    # own value of each output named, for an input batch x (a torch tensor); `reference_outputs` are the outputs
+    # it can give (the exported ones among them are checked)
+    reference: Callable[[Any, tuple[str, ...]], list[Any]] | None = None
+    reference_outputs: tuple[str, ...] = ()
+    reference_name: str = "the model object"
