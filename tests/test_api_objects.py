@@ -117,10 +117,9 @@ def test_another_object_never_replaces_an_export_silently(tmp_path):
 @pytest.mark.parametrize("obj,needle", [
     (lambda: torch.nn.Linear(2, 2), "torch.nn.modules.linear.Linear is neither a timm model"),
     (lambda: _with_cfg(torch.nn.Linear(2, 2), "resnet18"), "is timm's resnet18, which vitexport does not build"),
-    (lambda: transformers.BeitModel(transformers.BeitConfig(hidden_size=48, num_hidden_layers=1,
-                                                            num_attention_heads=3, intermediate_size=96,
-                                                            image_size=32, patch_size=8)),
-     "the BeitModel object is a transformers 'beit' model"),
+    (lambda: transformers.ResNetModel(transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16],
+                                                                depths=[1, 1])),
+     "the ResNetModel object is a transformers 'resnet' model"),
 ])
 def test_an_object_vitexport_cannot_build_is_one_sentence(obj, needle, tmp_path):
     with pytest.raises(vitexport.VitexportError) as e:

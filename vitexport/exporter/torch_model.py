@@ -44,6 +44,11 @@ def build(spec: ModelSpec) -> BuiltModel:
     if num_classes is not None and num_classes < 0:
         raise VitexportError("--num-classes must be 0 (features) or positive.")
     cfg = variant.config(img_size=spec.img_size, num_classes=num_classes, **overrides)
+    if spec.dynamic_img_size and cfg.rel_pos_bias and ckpt is not None and \
+            ckpt.hints.get("rel_pos_resample") == "bilinear":
+        raise VitexportError("--dynamic-img-size: transformers resamples this BEiT's relative position tables "
+                             "bilinearly in every forward pass, and vitexport's dynamic-size BEiT resamples them as "
+                             "timm does; export it at a fixed size (--img-size) instead.")
     if spec.dynamic_img_size:  # the position embedding stays at the checkpoint's grid; resampled per input
         cfg = replace(cfg, dynamic_img_size=True, pos_embed_interp=spec.pos_embed_interp,
                       pos_embed_grid=stored_grid(ckpt, cfg))

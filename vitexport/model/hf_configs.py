@@ -56,6 +56,7 @@ class Family:
     processing: "Processing"  # its documented preprocessing, for a folder without preprocessor_config.json
     square_int: bool = True  # an old processor's `size: N` means N x N (else: the shorter side to N)
     nested: bool = False  # a whole two-tower model: the vision tower's config is under vision_config
+    pooler: bool = True  # the model has a pooled output; without one, a checkpoint without a classifier gives tokens
 
     def config_fields(self, cfg: dict[str, Any], where: str) -> dict[str, Any]:
         """The ViTConfig fields of this config (sizes, options); one sentence for what vitexport cannot build."""
@@ -129,7 +130,64 @@ def _siglip(get: Callable[[str], Any]) -> dict[str, Any]:
             "global_pool": "map" if head else "avg", "fc_norm": False}
 
 
+def _headless(cls: bool) -> Callable[[Callable[[str], Any]], dict[str, Any]]:
+    """A ViT tower without a pooler (ViT-MSN, ViT-MAE, I-JEPA): its users take the tokens, so nothing is pooled
+    unless a classifier's tensors say how it pools (checkpoints.hf_vit.fields)."""
+    def build(get: Callable[[str], Any]) -> dict[str, Any]:
+        return {"mlp_ratio": mlp_ratio(get("hidden_size"), get("intermediate_size")),
+                "qkv_bias": bool(get("qkv_bias")), "class_token": cls, "global_pool": ""}
+    return build
+
+
+def _beit(get: Callable[[str], Any]) -> dict[str, Any]:
+    """BEiT and data2vec-vision: relative position bias (per layer or shared), LayerScale, mean pooling."""
+    if get("use_relative_position_bias") and get("use_shared_relative_position_bias"):
+        raise ValueError("use_relative_position_bias with use_shared_relative_position_bias")
+    if get("layer_scale_init_value") is None or float(get("layer_scale_init_value")) < 0:
+        raise ValueError(f"layer_scale_init_value {get('layer_scale_init_value')!r}")
+    mean = bool(get("use_mean_pooling"))
+    f: dict[str, Any] = {"family": "beit", "k_bias": False, "qkv_bias": True, "class_token": True,
+                         "mlp_ratio": mlp_ratio(get("hidden_size"), get("intermediate_size")),
+                         "abs_pos_embed": bool(get("use_absolute_position_embeddings")),
+                         "rel_pos_bias": "shared" if get("use_shared_relative_position_bias") else
+                         "block" if get("use_relative_position_bias") else "",
+                         "global_pool": "avg" if mean else "token", "fc_norm": mean}
+    if float(get("layer_scale_init_value")) > 0:
+        f["init_values"] = float(get("layer_scale_init_value"))
+    return f
+
+
+def _dinov3(get: Callable[[str], Any]) -> dict[str, Any]:
+    """DINOv3 (`DINOv3ViTModel`): RoPE on normalised patch coordinates, registers, LayerScale, query/key/value biases
+    set one by one, a gated MLP optional; its pooler_output is the class token after the final norm."""
+    q, k, v = bool(get("query_bias")), bool(get("key_bias")), bool(get("value_bias"))
+    if q != v:
+        raise ValueError("query_bias and value_bias differ (vitexport's attention has both or neither)")
+    if not get("mlp_bias"):
+        raise ValueError("mlp_bias false")
+    if get("apply_layernorm") is False:
+        raise ValueError("apply_layernorm false")
+    width, hidden = get("hidden_size"), get("intermediate_size")
+    f: dict[str, Any] = {"family": "eva", "rope": "dinov3", "rope_temperature": float(get("rope_theta")),
+                         "rope_rotate_half": True, "abs_pos_embed": False, "class_token": True,
+                         "reg_tokens": int(get("num_register_tokens") or 0), "qkv_bias": q, "k_bias": k,
+                         "proj_bias": bool(get("proj_bias")), "init_values": float(get("layerscale_value")),
+                         "global_pool": "token", "fc_norm": False, "mlp_ratio": mlp_ratio(width, hidden)}
+    if get("use_gated_mlp"):  # gate_proj, up_proj, down_proj: act(gate) * up -> down
+        f["mlp_layer"] = "swiglu"
+    return f
+
+
 _VIT_DEFAULTS = {"hidden_act": "gelu", "layer_norm_eps": 1e-12, "patch_size": 16, "qkv_bias": True}
+_BEIT_DEFAULTS = {"hidden_act": "gelu", "layer_norm_eps": 1e-12, "patch_size": 16,
+                  "use_absolute_position_embeddings": False, "use_relative_position_bias": False,
+                  "use_shared_relative_position_bias": False, "layer_scale_init_value": 0.1,
+                  "use_mean_pooling": True}
+_DINOV3_DEFAULTS = {"hidden_act": "gelu", "layer_norm_eps": 1e-5, "patch_size": 16, "hidden_size": 384,
+                    "intermediate_size": 1536, "num_attention_heads": 6, "rope_theta": 100.0, "query_bias": True,
+                    "key_bias": False, "value_bias": True, "proj_bias": True, "mlp_bias": True,
+                    "layerscale_value": 1.0, "num_register_tokens": 0, "use_gated_mlp": False,
+                    "apply_layernorm": True}
 _DINO_DEFAULTS = {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "mlp_ratio": 4, "qkv_bias": True,
                   "layerscale_value": 1.0, "use_swiglu_ffn": False}
 _CLIP_DEFAULTS = {"hidden_act": "quick_gelu", "layer_norm_eps": 1e-5, "patch_size": 32}
@@ -146,6 +204,9 @@ _DINO_PP = Processing("center", 0.875, "bicubic", IMAGENET_MEAN, IMAGENET_STD, "
 _CLIP_PP = Processing("center", 1.0, "bicubic", CLIP_MEAN, CLIP_STD, "shorter side to the input size, centre "
                       "crop, bicubic, CLIP's mean/std")
 _SIGLIP_PP = Processing("squash", 1.0, "bicubic", HALF, HALF, "resize to the input size, bicubic, mean/std 0.5")
+_BEIT_PP = Processing("squash", 1.0, "bicubic", HALF, HALF, "resize to the input size, bicubic, mean/std 0.5")
+_DINOV3_PP = Processing("squash", 1.0, "bilinear", IMAGENET_MEAN, IMAGENET_STD, "resize to the input size, "
+                        "bilinear, ImageNet mean/std")
 FAMILIES = {f.model_type: f for f in (
     Family("vit", "ViT", _VIT_DEFAULTS, _vit, "bicubic", _VIT_PP),
     Family("deit", "DeiT", _VIT_DEFAULTS, _vit, "bicubic", _DEIT_PP),
@@ -157,6 +218,15 @@ FAMILIES = {f.model_type: f for f in (
     Family("clip", "CLIP", _CLIP_DEFAULTS, _clip, "bicubic", _CLIP_PP, square_int=False, nested=True),
     Family("siglip_vision_model", "SigLIP", _SIGLIP_DEFAULTS, _siglip, "bicubic", _SIGLIP_PP, square_int=False),
     Family("siglip", "SigLIP", _SIGLIP_DEFAULTS, _siglip, "bicubic", _SIGLIP_PP, square_int=False, nested=True),
+    Family("metaclip_2_vision_model", "MetaCLIP 2", _CLIP_DEFAULTS, _clip, "bicubic", _CLIP_PP, square_int=False),
+    Family("metaclip_2", "MetaCLIP 2", _CLIP_DEFAULTS, _clip, "bicubic", _CLIP_PP, square_int=False, nested=True),
+    Family("vit_msn", "ViT-MSN", _VIT_DEFAULTS, _headless(True), "bicubic", _VIT_PP, pooler=False),
+    Family("vit_mae", "ViT-MAE", {**_VIT_DEFAULTS, "mask_ratio": 0.75}, _headless(True), "bicubic",
+           _VIT_PP, pooler=False),
+    Family("ijepa", "I-JEPA", _VIT_DEFAULTS, _headless(False), "bicubic", _VIT_PP, pooler=False),
+    Family("beit", "BEiT", _BEIT_DEFAULTS, _beit, "bicubic", _BEIT_PP),
+    Family("data2vec-vision", "data2vec-vision", _BEIT_DEFAULTS, _beit, "bicubic", _BEIT_PP),
+    Family("dinov3_vit", "DINOv3", _DINOV3_DEFAULTS, _dinov3, "bicubic", _DINOV3_PP, square_int=False),
 )}
 
 
@@ -191,6 +261,9 @@ def describe(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) 
                  f"({fam.processing.text})."]
     else:
         pp, notes = processor_preprocess(processor, fam, size, where)
+    if not fam.pooler:
+        notes.append(f"transformers' {fam.title} model has no pooled output: without a classifier its export gives "
+                     f"the tokens (last_hidden_state; `--outputs patch` for the patch tokens alone).")
     return Described(fam, fields, pp, notes)
 
 

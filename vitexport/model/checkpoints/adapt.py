@@ -10,7 +10,7 @@ import warnings
 
 from ...errors import VitexportError
 from ..base import TransformerBase
-from ..layers.relpos import EXTRA_TOKENS, resize_table
+from ..layers.relpos import EXTRA_TOKENS, resize_table, resize_table_bilinear
 from ..posembed import resample_pos_embed
 from .common import Checkpoint, StateDict
 
@@ -28,10 +28,12 @@ def adapt_state_dict(
     model: TransformerBase,
     pos_embed_interp: str,
     old_grid: tuple[int, int] | None = None,
+    rel_pos_resample: str = "geometric",
 ) -> tuple[StateDict, list[str]]:
     """Fit a checkpoint to the model: resize the position embedding, drop a head of another class count.
 
-    Returns the adapted state dict and warnings. Raises one readable error listing every missing,
+    rel_pos_resample: how BEiT's relative position tables are resampled to another window: 'geometric' (timm's,
+    from BEiT's fine-tuning code) or 'bilinear' (transformers'). Returns the adapted state dict and warnings. Raises one readable error listing every missing,
     unexpected or mis-shaped tensor by name.
     """
     notes: list[str] = []
@@ -48,7 +50,7 @@ def adapt_state_dict(
             sd["pos_embed"] = resample_pos_embed(pe, grid, prefix, old_grid, pos_embed_interp,
                                                  model.cfg.pos_embed_square)
             notes.append(f"Resized the position embedding to a {grid[0]}x{grid[1]} grid ({pos_embed_interp}).")
-    _resize_rel_pos_tables(sd, target, grid, notes)
+    _resize_rel_pos_tables(sd, target, grid, notes, rel_pos_resample)
     head_w = sd.get("head.weight")
     if head_w is not None and "head.weight" not in target:
         notes.append("num_classes is 0: dropped the checkpoint's head; the model outputs features.")
@@ -77,7 +79,11 @@ def adapt_state_dict(
     return sd, notes
 
 
-def _resize_rel_pos_tables(sd: StateDict, target: StateDict, grid: tuple[int, int], notes: list[str]) -> None:
+HOW_RESAMPLED = {"geometric": "BEiT's geometric resampling", "bilinear": "bilinear, as transformers does"}
+
+
+def _resize_rel_pos_tables(sd: StateDict, target: StateDict, grid: tuple[int, int], notes: list[str],
+                           method: str = "geometric") -> None:
     """BEiT's relative position bias tables trained at another window -> the model's window, as timm's checkpoint
     filter resamples them (a square trained window, unless the table already has the model's size)."""
     resized = 0
@@ -88,11 +94,12 @@ def _resize_rel_pos_tables(sd: StateDict, target: StateDict, grid: tuple[int, in
         if side * side != v.shape[0] - EXTRA_TOKENS or side % 2 == 0 or v.ndim != 2 or \
                 v.shape[1] != target[k].shape[1]:
             continue  # not a table of a square window: named as mis-shaped below
-        sd[k] = resize_table(v, ((side + 1) // 2, (side + 1) // 2), grid)
+        resize = resize_table_bilinear if method == "bilinear" else resize_table
+        sd[k] = resize(v, ((side + 1) // 2, (side + 1) // 2), grid)
         resized += 1
     if resized:
         notes.append(f"Resized {resized} relative position bias table{'s' if resized > 1 else ''} to a "
-                     f"{grid[0]}x{grid[1]} grid (BEiT's geometric resampling).")
+                     f"{grid[0]}x{grid[1]} grid ({HOW_RESAMPLED[method]}).")
 
 
 def _drop_heads(sd: StateDict) -> None:
@@ -103,7 +110,8 @@ def _drop_heads(sd: StateDict) -> None:
 
 def load_into(model: TransformerBase, ckpt: Checkpoint, pos_embed_interp: str) -> list[str]:
     """Load a checkpoint into a model in place; returns warnings for the user."""
-    sd, notes = adapt_state_dict(ckpt.state_dict, model, pos_embed_interp, ckpt.hints.get("grid"))
+    sd, notes = adapt_state_dict(ckpt.state_dict, model, pos_embed_interp, ckpt.hints.get("grid"),
+                                 ckpt.hints.get("rel_pos_resample", "geometric"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.load_state_dict(sd, strict=False)

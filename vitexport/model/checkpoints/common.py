@@ -55,7 +55,14 @@ def split_base(raw: dict, anchor: str) -> tuple[StateDict, StateDict]:
     prefix = hit[: len(hit) - len(anchor)]
     base = {k[len(prefix):]: torch.as_tensor(v) for k, v in raw.items() if k.startswith(prefix)}
     rest = {k: torch.as_tensor(v) for k, v in raw.items() if not k.startswith(prefix)} if prefix else {}
+    for k in [k for k in rest if k.startswith(BASE_MODULES) and k not in base]:  # saved without the prefix
+        base[k] = rest.pop(k)
     return base, rest
+
+
+# a base model's own modules, which transformers 5 saves some heads' checkpoints without the prefix of (ViT-MSN's
+# classifier: `vit.embeddings.*` beside `encoder.layer.*`)
+BASE_MODULES = ("encoder.", "embeddings.", "layernorm.", "pooler.")
 
 
 class QKV:

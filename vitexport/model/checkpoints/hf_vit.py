@@ -1,7 +1,9 @@
 """transformers' ViT and DeiT (`ViTModel`, `ViTForImageClassification`, `DeiTModel`, `DeiTForImageClassification`,
-`DeiTForImageClassificationWithTeacher`) -> timm names.
+`DeiTForImageClassificationWithTeacher`), and the towers built like them without a pooler: ViT-MSN, ViT-MAE (its
+encoder, unmasked; the pixel decoder of `ViTMAEForPreTraining` is left out) and I-JEPA (no class token) -> timm
+names.
 
-The two share their layer names. What the tensors say about the structure:
+They share their layer names. What the tensors say about the structure:
 
 - `pooler.dense` (a Model saved with its pooling layer): timm's representation layer, Linear + tanh
   (`pre_logits`), whose output is transformers' `pooler_output`;
@@ -33,7 +35,7 @@ def matches(keys: set[str]) -> bool:
 
 
 def convert(raw: dict) -> StateDict:
-    out = convert_encoder(raw, ANCHOR, _TABLE, HF_QKV, _HEADS)
+    out = convert_encoder(raw, ANCHOR, _TABLE, HF_QKV, _HEADS, drop=("decoder.",))  # ViT-MAE's pixel decoder
     if "embeddings.distillation_token" in out:
         token = out.pop("embeddings.distillation_token")
         out["dist_token" if "head_dist.weight" in out else "reg_token"] = token
@@ -41,11 +43,16 @@ def convert(raw: dict) -> StateDict:
 
 
 def fields(sd: StateDict) -> dict[str, Any]:
-    """ViTConfig fields the converted tensors decide."""
+    """ViTConfig fields the converted tensors decide: a pooler pools the class token; a classifier without one reads
+    the class token (ViT, DeiT, ViT-MSN) or, without a class token, the mean of the tokens (I-JEPA); with neither,
+    the family's config says (ViT's pooled output is its class token; the towers without a pooler give tokens)."""
+    cls = "cls_token" in sd
     f: dict[str, Any] = {"distilled": "dist_token" in sd, "reg_tokens": int(sd["reg_token"].shape[1])
-                         if "reg_token" in sd else 0, "no_embed_class": False, "class_token": True,
-                         "global_pool": "token", "pre_logits_size": 0}
+                         if "reg_token" in sd else 0, "no_embed_class": False, "class_token": cls,
+                         "pre_logits_size": 0}
     if "pre_logits.fc.weight" in sd:
         f.update(pre_logits_size=int(sd["pre_logits.fc.weight"].shape[0]), pre_logits_act="tanh",
-                 pre_logits_bias="pre_logits.fc.bias" in sd)
+                 pre_logits_bias="pre_logits.fc.bias" in sd, global_pool="token")
+    elif "head.weight" in sd:  # I-JEPA's classifier averages the normalised tokens (no norm after the mean)
+        f.update(global_pool="token") if cls else f.update(global_pool="avg", fc_norm=False)
     return f

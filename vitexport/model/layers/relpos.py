@@ -173,3 +173,18 @@ def resize_table(table: torch.Tensor, old_window: tuple[int, int], new_window: t
     planes = grid.T.reshape(heads, src[0], src[1])  # (heads, src_h, src_w)
     resized = wy @ planes @ wx.T  # (heads, dst_h, dst_w)
     return torch.cat([resized.reshape(heads, -1).T.to(table.dtype), extra], dim=0)
+
+
+def resize_table_bilinear(table: torch.Tensor, old_window: tuple[int, int],
+                          new_window: tuple[int, int]) -> torch.Tensor:
+    """transformers' BEiT and data2vec-vision at another window (`BeitRelativePositionBias.forward`): the offsets'
+    table resampled bilinearly (align_corners False) to the new window's, as transformers does in every forward
+    pass; its rows are laid out (width, height) before resampling, as it lays them out."""
+    if tuple(old_window) == tuple(new_window):
+        return table
+    src = (2 * old_window[0] - 1, 2 * old_window[1] - 1)
+    dst = (2 * new_window[0] - 1, 2 * new_window[1] - 1)
+    grid, extra = table[:-EXTRA_TOKENS].float(), table[-EXTRA_TOKENS:]
+    planes = grid.reshape(1, src[1], src[0], -1).permute(0, 3, 1, 2)
+    resized = torch.nn.functional.interpolate(planes, size=dst, mode="bilinear")
+    return torch.cat([resized.permute(0, 2, 3, 1).reshape(dst[0] * dst[1], -1).to(table.dtype), extra], dim=0)
