@@ -20,7 +20,9 @@ from test_transformers_towers import CASES, perturb, run_onnx, save_tower
 from vitexport.cli import cli
 
 transformers = pytest.importorskip("transformers")
-TOWERS = {"dinov2-registers": "someone/dinov2-reg-tiny", "siglip": "someone/siglip-tiny"}
+TOWERS = {"dinov2-registers": "someone/dinov2-reg-tiny", "siglip": "someone/siglip-tiny",
+          "dinov3": "someone/dinov3-tiny", "beit-model": "someone/beit-tiny"}
+SHARDED = {"dinov3"}  # saved as large repositories are: an index and shards, read shard by shard
 TEXT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 VISION = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=80, image_size=40,
               patch_size=8)
@@ -41,7 +43,9 @@ def tower(request, tmp_path_factory):
     mp.setenv("HF_HUB_CACHE", str(tmp / "cache"))
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.chdir(tmp)
-    model, _ = save_tower(case, tmp / "saved", seed=5)
+    model, _ = save_tower(case, tmp / "saved", seed=5, shard="60KB" if case in SHARDED else None)
+    if case in SHARDED:
+        assert len(list((tmp / "saved").glob("model-*.safetensors"))) > 1
     publish(tmp / "cache", repo, tmp / "saved")
     r = CliRunner().invoke(cli, ["onnx", "-c", f"hf-hub:{repo}", "-q"])
     assert r.exit_code == 0, r.output

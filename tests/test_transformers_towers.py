@@ -81,7 +81,10 @@ CASES = {
     # BEiT: a relative position bias per layer, or one shared; LayerScale; mean pooling or the class token
     "beit-model": ("BeitConfig", dict(VIT, use_relative_position_bias=True), "BeitModel", "pooler_output",
                    "BeitImageProcessorPil", dict(size={"height": 48, "width": 48},
-                                                 crop_size={"height": 40, "width": 40})),
+                                                 crop_size={"height": 40, "width": 40}, do_center_crop=True)),
+    # used at 48 px (a 6 x 6 window) with tables trained at 5 x 5: resampled as transformers does in its forward
+    "beit-another-window": ("BeitConfig", dict(VIT, use_relative_position_bias=True), "BeitModel", "pooler_output",
+                            "BeitImageProcessorPil", dict(size={"height": 48, "width": 48})),
     "beit-classifier": ("BeitConfig", dict(VIT, use_absolute_position_embeddings=True, use_mean_pooling=False,
                                            layer_scale_init_value=0.0, num_labels=3),
                         "BeitForImageClassification", "logits", "BeitImageProcessorPil",
@@ -112,13 +115,14 @@ def perturb(model, seed=0):
     return model.eval()
 
 
-def save_tower(case, folder, seed=0):
-    """A perturbed transformers model and its image processor, saved with save_pretrained; returns both."""
+def save_tower(case, folder, seed=0, shard=None):
+    """A perturbed transformers model and its image processor, saved with save_pretrained (in shards of at most
+    `shard`, e.g. "60KB", with their index, when given); returns both."""
     cfg_cls, cfg_kw, model_cls, _, proc_cls, proc_kw = CASES[case]
     torch.manual_seed(seed)
     model = perturb(getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**cfg_kw)), seed)
     processor = getattr(transformers, proc_cls)(**proc_kw)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, **({} if shard is None else {"max_shard_size": shard}))
     processor.save_pretrained(folder)
     return model, processor
 
