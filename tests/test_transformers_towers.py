@@ -101,6 +101,12 @@ CASES = {
     "dinov3-gated": ("DINOv3ViTConfig", dict(VIT, num_register_tokens=2, use_gated_mlp=True, hidden_act="silu",
                                              key_bias=True, layerscale_value=0.1),
                      "DINOv3ViTModel", "pooler_output", "DINOv3ViTImageProcessor", dict(size={"height": 40, "width": 40})),
+    # AIMv2: RMSNorm, SwiGLU, no class token, an attention-pooling head without query projection or MLP
+    "aimv2": ("Aimv2VisionConfig", dict(VIT, patch_size=8), "Aimv2VisionModel", "pooler_output",
+              "CLIPImageProcessorPil", dict(size={"shortest_edge": 40}, crop_size={"height": 40, "width": 40})),
+    "aimv2-no-head": ("Aimv2VisionConfig", dict(VIT, patch_size=8, use_head=False, qkv_bias=True, mlp_bias=True),
+                      "Aimv2VisionModel", "last_hidden_state", "CLIPImageProcessorPil",
+                      dict(size={"shortest_edge": 40}, crop_size={"height": 40, "width": 40})),
 }
 # what a forward pass needs besides the pixels: ViT-MAE's shuffle noise in token order, so nothing is reordered
 FORWARD_KW = {"vit-mae": lambda x: {"noise": torch.arange(25.0).expand(x.shape[0], 25)}}

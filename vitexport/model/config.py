@@ -122,7 +122,7 @@ class ViTConfig:
     mlp_align_to: int = 0  # SwiGLU's hidden width rounded up to a multiple of this (DINOv3 S+, H+, 7B)
     attn_only_layer_scale: bool = False  # LayerScale on the attention branch only (Sapiens2)
     pool_heads: int | None = None  # the attention pool's heads; None: num_heads
-    pool_mlp_ratio: float | None = None  # the attention pool's MLP ratio; None: mlp_ratio
+    pool_mlp_ratio: float | None = None  # the attention pool's MLP ratio; None: mlp_ratio; 0: no MLP, no norm
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -263,8 +263,8 @@ class ViTConfig:
         need(self.pool_heads is None or (0 < self.pool_heads <= self.embed_dim and self.embed_dim % self.pool_heads
                                          == 0), f"embed_dim {self.embed_dim} is not divisible into {self.pool_heads}"
                                                 " pool heads")
-        need(self.pool_mlp_ratio is None or 0 < self.pool_mlp_ratio <= 64,
-             f"pool_mlp_ratio {self.pool_mlp_ratio} is not in (0, 64]")
+        need(self.pool_mlp_ratio is None or 0 <= self.pool_mlp_ratio <= 64,
+             f"pool_mlp_ratio {self.pool_mlp_ratio} is not in [0, 64] (0: no MLP)")
         need(self.init_values is None or abs(self.init_values) < 1e6, f"init_values {self.init_values} is absurd")
 
     @property

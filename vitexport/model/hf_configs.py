@@ -178,7 +178,24 @@ def _dinov3(get: Callable[[str], Any]) -> dict[str, Any]:
     return f
 
 
+def _aimv2(get: Callable[[str], Any]) -> dict[str, Any]:
+    """AIMv2 (`Aimv2VisionModel`): RMSNorm after the patch embedding and in the blocks, SwiGLU, no class token; its
+    head (checkpoints.hf_aimv2) pools, without it the tokens are the output."""
+    if get("is_native"):
+        raise ValueError("is_native (a sine-cosine position embedding computed for each image size)")
+    if bool(get("qkv_bias")) != bool(get("mlp_bias")):
+        raise ValueError("qkv_bias and mlp_bias differ")
+    eps = float(get("rms_norm_eps"))
+    return {"mlp_layer": "swiglu", "mlp_ratio": mlp_ratio(get("hidden_size"), get("intermediate_size")),
+            "qkv_bias": bool(get("qkv_bias")), "proj_bias": bool(get("mlp_bias")), "class_token": False,
+            "norm_layer": "rmsnorm", "norm_eps": eps, "embed_norm_layer": "rmsnorm", "embed_norm_eps": eps,
+            "global_pool": "map" if get("use_head") else "", "pool_mlp_ratio": 0.0, "fc_norm": False}
+
+
 _VIT_DEFAULTS = {"hidden_act": "gelu", "layer_norm_eps": 1e-12, "patch_size": 16, "qkv_bias": True}
+_AIMV2_DEFAULTS = {"hidden_act": "silu", "layer_norm_eps": 1e-5, "rms_norm_eps": 1e-5, "patch_size": 14,
+                   "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 24, "num_attention_heads": 8,
+                   "qkv_bias": False, "mlp_bias": False, "use_head": True, "is_native": False}
 _BEIT_DEFAULTS = {"hidden_act": "gelu", "layer_norm_eps": 1e-12, "patch_size": 16,
                   "use_absolute_position_embeddings": False, "use_relative_position_bias": False,
                   "use_shared_relative_position_bias": False, "layer_scale_init_value": 0.1,
@@ -227,6 +244,7 @@ FAMILIES = {f.model_type: f for f in (
     Family("beit", "BEiT", _BEIT_DEFAULTS, _beit, "bicubic", _BEIT_PP),
     Family("data2vec-vision", "data2vec-vision", _BEIT_DEFAULTS, _beit, "bicubic", _BEIT_PP),
     Family("dinov3_vit", "DINOv3", _DINOV3_DEFAULTS, _dinov3, "bicubic", _DINOV3_PP, square_int=False),
+    Family("aimv2_vision_model", "AIMv2", _AIMV2_DEFAULTS, _aimv2, "bicubic", _CLIP_PP, square_int=False),
 )}
 
 

@@ -7,7 +7,7 @@ ViTConfig fields its tensors decide (`fields`: a pooler, a projection, registers
 - `timm`: timm state dicts (`.pth`/`.pt`/`.bin` read with `weights_only`, or `.safetensors`);
 - `jax`: the original JAX `.npz` files of google-research/vision_transformer;
 - `hf_vit`: transformers' ViT and DeiT, and ViT-MSN, ViT-MAE and I-JEPA; `hf_dinov2`: DINOv2, with and without
-  registers; `hf_dinov3`: DINOv3; `hf_beit`: BEiT and data2vec-vision; `hf_clip`: the CLIP, MetaCLIP 2 and SigLIP
+  registers; `hf_dinov3`: DINOv3; `hf_beit`: BEiT and data2vec-vision; `hf_aimv2`: AIMv2; `hf_clip`: the CLIP, MetaCLIP 2 and SigLIP
   vision towers;
 - `timm_naflex`: timm's NaFlexViT (its `embeds` module: a patch Linear, a position embedding at its own grid).
 
@@ -23,14 +23,14 @@ from typing import Any
 
 from ...errors import VitexportError
 from ..labels import checkpoint_labels
-from . import hf_beit, hf_dinov2, hf_dinov3, hf_vit, jax, timm, timm_naflex
+from . import hf_aimv2, hf_beit, hf_dinov2, hf_dinov3, hf_vit, jax, timm, timm_naflex
 from .adapt import adapt_state_dict, describe_checkpoint, load_into
 from .common import Checkpoint, StateDict
 from .hf_clip import CLIP, SIGLIP
 from .reading import SHARD_INDEXES, WEIGHT_FILES, read_raw, resolve_weights, weights_digest
 
 # tried in this order: the first whose `matches` holds converts the file (timm last: the others' names are unlike it)
-FORMATS: tuple[Any, ...] = (jax, CLIP, SIGLIP, hf_dinov3, hf_beit, hf_dinov2, hf_vit, timm_naflex, timm)
+FORMATS: tuple[Any, ...] = (jax, CLIP, SIGLIP, hf_aimv2, hf_dinov3, hf_beit, hf_dinov2, hf_vit, timm_naflex, timm)
 
 
 def detect_format(raw: dict) -> ModuleType | Any:
@@ -40,8 +40,8 @@ def detect_format(raw: dict) -> ModuleType | Any:
         if fmt.matches(keys):
             return fmt
     raise VitexportError("The checkpoint's tensor names match no known ViT format (timm, JAX .npz, or transformers' "
-                         "ViT, DeiT, ViT-MSN, ViT-MAE, I-JEPA, DINOv2, DINOv3, BEiT, data2vec-vision, CLIP, MetaCLIP 2 "
-                         "or SigLIP).")
+                         "ViT, DeiT, ViT-MSN, ViT-MAE, I-JEPA, DINOv2, DINOv3, BEiT, data2vec-vision, AIMv2, CLIP, "
+                         "MetaCLIP 2 or SigLIP).")
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

@@ -32,7 +32,7 @@ def global_pool_nlc(x: torch.Tensor, pool_type: str, num_prefix_tokens: int, inc
 
 class AttentionPoolLatent(nn.Module):
     """A learned latent query attends to the tokens (q from the latent, k and v from the tokens), then proj and
-    x + mlp(norm(x)); the latent's output is the pooled vector."""
+    x + mlp(norm(x)) (none with mlp_ratio 0); the latent's output is the pooled vector."""
 
     def __init__(self, dim: int, num_heads: int = 8, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  norm_layer: Callable[[int], nn.Module] | None = None, act_layer: type[nn.Module] = nn.GELU):
@@ -47,8 +47,9 @@ class AttentionPoolLatent(nn.Module):
         self.k_norm = nn.Identity()
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(0.0)
-        self.norm = norm_layer(dim) if norm_layer is not None else nn.Identity()
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), out_features=dim, act_layer=act_layer)
+        # mlp_ratio 0: no MLP and no norm after the attention (AIMv2's head)
+        self.norm = norm_layer(dim) if norm_layer is not None and mlp_ratio else nn.Identity()
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), out_features=dim, act_layer=act_layer) if mlp_ratio else None
         self.fused_attn = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,5 +61,6 @@ class AttentionPoolLatent(nn.Module):
         x = attend(self.q_norm(q), self.k_norm(k), v, self.scale, self.fused_attn)  # (B, H, 1, hd)
         x = x.transpose(1, 2).reshape(B, 1, C)  # (B, 1, D)
         x = self.proj_drop(self.proj(x))
-        x = x + self.mlp(self.norm(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm(x))
         return x[:, 0]  # (B, D)
