@@ -49,14 +49,49 @@ MODELS = {
     "google/siglip-base-patch16-224": (
         "SiglipConfig", dict(), "SiglipModel", "image_features", "SiglipImageProcessorPil",
         dict(size={"height": 224, "width": 224}, resample=3, image_mean=[0.5] * 3, image_std=[0.5] * 3)),
+    "facebook/dinov3-vits16-pretrain-lvd1689m": (
+        "DINOv3ViTConfig", dict(hidden_size=384, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=6,
+                                patch_size=16, image_size=224, num_register_tokens=4, layerscale_value=1.0,
+                                rope_theta=100.0, query_bias=True, key_bias=False, value_bias=True,
+                                layer_norm_eps=1e-5, use_gated_mlp=False),
+        "DINOv3ViTModel", "pooler_output", "DINOv3ViTImageProcessor",
+        dict(size={"height": 224, "width": 224}, resample=2, **IMAGENET)),
+    "facebook/ijepa_vith14_1k": (
+        "IJepaConfig", dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
+                            patch_size=14, image_size=224, layer_norm_eps=1e-6),
+        "IJepaModel", "last_hidden_state", "ViTImageProcessorPil",
+        dict(size={"height": 224, "width": 224}, resample=3, **IMAGENET)),
+    "apple/aimv2-large-patch14-224": (
+        "Aimv2VisionConfig", dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24,
+                                  num_attention_heads=8, patch_size=14, image_size=224, rms_norm_eps=1e-5,
+                                  qkv_bias=False, mlp_bias=False, use_head=True),
+        "Aimv2VisionModel", "pooler_output", "CLIPImageProcessorPil",
+        dict(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224}, do_center_crop=True, resample=3,
+             **CLIP)),
+    "google/siglip2-base-patch16-naflex": (
+        "Siglip2VisionConfig", dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                                    num_attention_heads=12, patch_size=16, num_patches=256),
+        "Siglip2VisionModel", "pooler_output", None, {}),
+    "microsoft/beit-base-patch16-224": (
+        "BeitConfig", dict(use_relative_position_bias=True, use_absolute_position_embeddings=False,
+                           use_mean_pooling=True, layer_scale_init_value=0.1, num_labels=1000),
+        "BeitForImageClassification", "logits", "BeitImageProcessorPil",
+        dict(size={"height": 224, "width": 224}, do_center_crop=False, resample=2, image_mean=[0.5] * 3,
+             image_std=[0.5] * 3)),
 }
 
 
+class Refused(Exception):
+    """vitexport refused the model with its one sentence (exit 2)."""
+
+
 def timed(cmd: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MB, output) of a command under /usr/bin/time -v."""
+    """(wall seconds, peak RSS MB, output) of a command under /usr/bin/time -v; Refused on exit 2."""
     t0 = time.perf_counter()
     p = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    if p.returncode == 2 and (said := re.search(r"^Error: (.*)$", p.stdout + p.stderr, flags=re.M)):
+        raise Refused(said.group(1))
     if p.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr}")
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr).group(1)) / 1024
@@ -84,11 +119,15 @@ def check(repo: str, tmp: Path) -> dict:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
-    processor = getattr(transformers, proc_cls)(**proc_kw)
+    processor = getattr(transformers, proc_cls)(**proc_kw) if proc_cls else None
     saved, out = tmp / repo.split("/")[1], tmp / "export"
     model.save_pretrained(saved)
-    processor.save_pretrained(saved)
-    wall, rss, _ = timed([sys.executable, "-m", "vitexport", "onnx", "-c", str(saved), "-o", str(out), "-q"])
+    if processor is not None:
+        processor.save_pretrained(saved)
+    try:
+        wall, rss, _ = timed([sys.executable, "-m", "vitexport", "onnx", "-c", str(saved), "-o", str(out), "-q"])
+    except Refused as e:
+        return {"repo": repo, "class": model_cls, "refused": str(e).replace(str(saved), repo.split("/")[1])}
     manifest = json.loads((out / "manifest.json").read_text())
     h, w = manifest["img_size"]
     x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))
@@ -117,17 +156,25 @@ def write(rows: list[dict], baseline: tuple[float, float], path: Path) -> None:
              "the config its hub repository holds (random weights moved off their init), saved with `save_pretrained` "
              "with its image processor, and exported by `vitexport onnx -c FOLDER` (no `-m`) in a process of its "
              "own; the written ONNX file was run by ONNX Runtime (CPU) against transformers' output on two random "
-             "images. *rel. error* is max abs / max(1, |output|) (the tests' bound is 1e-4); *pixels* is the largest "
-             "difference between the manifest's preprocessing and the image processor's PIL implementation on a "
-             "451x300 photo, in normalised units.", "",
+             "images (a tower without a pooler: its tokens, last_hidden_state). *rel. error* is max abs / max(1, "
+             "|output|) (the tests' bound is 1e-4); *pixels* is the largest difference between the manifest's "
+             "preprocessing and the image processor's on a 451x300 photo, in normalised units (its PIL "
+             "implementation where it has one; DINOv3's resizes with torch and keeps the pixels as floats, so up "
+             "to one 8-bit level apart).", "",
              f"transformers {transformers.__version__}, torch {torch.__version__}; {cpu_model()}, "
              f"{os.cpu_count()} cores. Memory baseline: `vitexport onnx -m vit_base_patch16_224` (timm's ViT-B/16 by "
              f"name, random weights) took {baseline[0]:.0f} s at a peak RSS of {baseline[1]:,.0f} MB.", "",
              "| repository (its config) | class | output | input | params (M) | rel. error | pixels | export s | "
              "peak RSS MB |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    refused = [r for r in rows if "refused" in r]
     for r in rows:
+        if "refused" in r:
+            continue
         lines.append(f"| {r['repo']} | {r['class']} | {r['output']} | {r['size']} | {r['params_m']:.1f} | "
                      f"{r['rel_err']:.1e} | {r['pixels']:.1e} | {r['wall_s']:.0f} | {r['rss_mb']:,.0f} |")
+    if refused:
+        lines += ["", "Refused, with the sentence `vitexport onnx` ends with (exit 2):", ""]
+        lines += [f"- {r['repo']} ({r['class']}): {r['refused']}" for r in refused]
     path.write_text("\n".join(lines) + "\n")
 
 
