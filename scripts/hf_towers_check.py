@@ -71,7 +71,8 @@ MODELS = {
     "google/siglip2-base-patch16-naflex": (
         "Siglip2VisionConfig", dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
                                     num_attention_heads=12, patch_size=16, num_patches=256),
-        "Siglip2VisionModel", "pooler_output", None, {}),
+        "Siglip2VisionModel", "pooler_output", "Siglip2ImageProcessor",
+        dict(patch_size=16, max_num_patches=256, resample=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)),
     "microsoft/beit-base-patch16-224": (
         "BeitConfig", dict(use_relative_position_bias=True, use_absolute_position_embeddings=False,
                            use_mean_pooling=True, layer_scale_init_value=0.1, num_labels=1000),
@@ -98,10 +99,22 @@ def timed(cmd: list[str]) -> tuple[float, float, str]:
     return wall, rss, p.stdout + p.stderr
 
 
+def patches_of(x: torch.Tensor, patch: int) -> dict:
+    """SigLIP2 NaFlex's inputs for images x (B, 3, H, W), as its processor lays out a square image: the patches
+    ((row, column, channel) flattened), all valid, and the grid."""
+    b, c, h, w = x.shape
+    px = x.reshape(b, c, h // patch, patch, w // patch, patch).permute(0, 2, 4, 3, 5, 1)
+    n = (h // patch) * (w // patch)
+    return {"pixel_values": px.reshape(b, n, patch * patch * c),
+            "pixel_attention_mask": torch.ones(b, n, dtype=torch.long), "spatial_shapes": torch.tensor([[h // patch, w // patch]] * b)}
+
+
 def output_of(model, output: str, x: torch.Tensor) -> np.ndarray:
     with torch.no_grad():
         if output == "image_features":  # a whole two-tower model: its image features
             return model.get_image_features(pixel_values=x).pooler_output.numpy()
+        if model.config.model_type == "siglip2_vision_model":
+            return getattr(model(**patches_of(x, model.config.patch_size)), output).numpy()
         return getattr(model(pixel_values=x), output).numpy()
 
 
@@ -135,8 +148,14 @@ def check(repo: str, tmp: Path) -> dict:
     sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
     with Image.open(PHOTO) as img:
+        naflex = model.config.model_type == "siglip2_vision_model"
+        if naflex:  # its processor keeps the aspect ratio; the export takes a square image: a square photo
+            img = img.crop((0, 0, min(img.size), min(img.size)))
         ref_px = processor(images=img.convert("RGB"), return_tensors="np")["pixel_values"][0]
         our_px = preprocess_image(img, Preprocess.from_dict(manifest["preprocess"]))
+        if naflex:  # compared as the processor's patches
+            our_px = patches_of(torch.from_numpy(our_px)[None], model.config.patch_size)["pixel_values"][0].numpy()
+            ref_px = ref_px[: len(our_px)]
     return {"repo": repo, "class": model_cls, "output": output, "size": f"{h}x{w}",
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
             "rel_err": float(np.abs(got - want).max() / max(1.0, np.abs(want).max())),

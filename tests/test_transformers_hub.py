@@ -15,13 +15,13 @@ import torch
 from click.testing import CliRunner
 from conftest import ROOT, quick_bench
 from test_hub import add_repo
-from test_transformers_towers import CASES, perturb, run_onnx, save_tower
+from test_transformers_towers import CASES, forward_inputs, perturb, run_onnx, save_tower
 
 from vitexport.cli import cli
 
 transformers = pytest.importorskip("transformers")
 TOWERS = {"dinov2-registers": "someone/dinov2-reg-tiny", "siglip": "someone/siglip-tiny",
-          "dinov3": "someone/dinov3-tiny", "beit-model": "someone/beit-tiny"}
+          "dinov3": "someone/dinov3-tiny", "beit-model": "someone/beit-tiny", "siglip2-naflex": "someone/siglip2-tiny"}
 SHARDED = {"dinov3"}  # saved as large repositories are: an index and shards, read shard by shard
 TEXT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 VISION = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=80, image_size=40,
@@ -49,18 +49,18 @@ def tower(request, tmp_path_factory):
     publish(tmp / "cache", repo, tmp / "saved")
     r = CliRunner().invoke(cli, ["onnx", "-c", f"hf-hub:{repo}", "-q"])
     assert r.exit_code == 0, r.output
-    folder = tmp / "models" / f"{repo.split('/')[1]}-40x40"  # named after the repository
+    (folder,) = (tmp / "models").glob(f"{repo.split('/')[1]}-*x*")  # named after the repository
     yield case, model, folder
     mp.undo()
 
 
 def test_the_hub_export_is_transformers_model(tower):
-    _, model, folder = tower
+    case, model, folder = tower
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["checkpoint"]["repo"] in TOWERS.values() and manifest["num_classes"] == 0
-    x = torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(2, 3, *manifest["img_size"], generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        want = model(pixel_values=x).pooler_output.numpy()
+        want = model(**forward_inputs(case, x)).pooler_output.numpy()
     got = run_onnx(folder / "model.onnx", x.numpy())
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
 

@@ -107,9 +107,32 @@ CASES = {
     "aimv2-no-head": ("Aimv2VisionConfig", dict(VIT, patch_size=8, use_head=False, qkv_bias=True, mlp_bias=True),
                       "Aimv2VisionModel", "last_hidden_state", "CLIPImageProcessorPil",
                       dict(size={"shortest_edge": 40}, crop_size={"height": 40, "width": 40})),
+    # SigLIP2 NaFlex: patches in; a square image of the processor's max_num_patches (36: 6 x 6 patches of 8 px,
+    # 48 px) against a position embedding trained at 4 x 4 (num_patches 16), resampled as transformers does
+    "siglip2-naflex": ("Siglip2VisionConfig", dict(VIT, patch_size=8, num_patches=16), "Siglip2VisionModel",
+                       "pooler_output", "Siglip2ImageProcessor", dict(patch_size=8, max_num_patches=36)),
 }
-# what a forward pass needs besides the pixels: ViT-MAE's shuffle noise in token order, so nothing is reordered
-FORWARD_KW = {"vit-mae": lambda x: {"noise": torch.arange(25.0).expand(x.shape[0], 25)}}
+NAFLEX = {"siglip2-naflex"}
+
+
+def naflex_inputs(x, patch):
+    """What Siglip2's processor hands its model for images x (B, 3, H, W): the patches, each (row, column,
+    channel) flattened, all of them valid, and the grid."""
+    b, c, h, w = x.shape
+    patches = x.reshape(b, c, h // patch, patch, w // patch, patch).permute(0, 2, 4, 3, 5, 1)
+    return {"pixel_values": patches.reshape(b, (h // patch) * (w // patch), patch * patch * c),
+            "pixel_attention_mask": torch.ones(b, (h // patch) * (w // patch), dtype=torch.long),
+            "spatial_shapes": torch.tensor([[h // patch, w // patch]] * b)}
+
+
+def forward_inputs(case, x):
+    """The keyword arguments transformers' model takes for the images x: the pixels, ViT-MAE's shuffle noise in
+    token order (nothing reordered, nothing masked), SigLIP2's patches."""
+    if case in NAFLEX:
+        return naflex_inputs(x, CASES[case][1]["patch_size"])
+    if case == "vit-mae":
+        return {"pixel_values": x, "noise": torch.arange(25.0).expand(x.shape[0], 25)}
+    return {"pixel_values": x}
 
 
 def perturb(model, seed=0):
@@ -156,7 +179,7 @@ def test_the_export_gives_transformers_output(exported):
     h, w = manifest["img_size"]
     x = torch.randn(3, 3, h, w, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        want = getattr(model(pixel_values=x, **FORWARD_KW.get(case, lambda x: {})(x)), CASES[case][3]).numpy()
+        want = getattr(model(**forward_inputs(case, x)), CASES[case][3]).numpy()
     got = run_onnx(out / "model.onnx", x.numpy())
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max())), case
@@ -167,8 +190,13 @@ def test_the_manifest_preprocesses_as_the_processor_does(exported):
     case, _, processor, out = exported
     pp = Preprocess.from_dict(json.loads((out / "manifest.json").read_text())["preprocess"])
     with Image.open(PHOTO) as img:
+        if case in NAFLEX:  # its processor keeps the aspect ratio; vitexport's export takes a square image
+            img = img.crop((0, 0, min(img.size), min(img.size)))
         want = processor(images=img.convert("RGB"), return_tensors="np")["pixel_values"][0]
         got = preprocess_image(img, pp)
+    if case in NAFLEX:  # the same pixels as the processor's patches
+        got = naflex_inputs(torch.from_numpy(got)[None], CASES[case][1]["patch_size"])["pixel_values"][0].numpy()
+        want = want[: len(got)]
     assert got.shape == want.shape, case
     # a processor of PIL's resizes as vitexport does; one of torch's (DINOv3's has no PIL form) keeps the resized
     # pixels as floats where PIL rounds them to 8 bits: up to one 8-bit level apart, never more

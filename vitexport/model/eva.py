@@ -79,8 +79,8 @@ class Eva(TransformerBase):
         use_fc_norm = cfg.uses_fc_norm
         self.norm = norm_layer(D) if cfg.final_norm and not use_fc_norm else nn.Identity()
         # EVA's attention pool (Perception Encoder) has its own heads and MLP ratio, and GELU whatever the blocks use
-        self.attn_pool = AttentionPoolLatent(D, cfg.pool_heads or cfg.num_heads, cfg.mlp_ratio if cfg.pool_mlp_ratio is None
-                                             else cfg.pool_mlp_ratio,
+        pool_mlp = cfg.mlp_ratio if cfg.pool_mlp_ratio is None else cfg.pool_mlp_ratio  # 0: no MLP (AIMv2)
+        self.attn_pool = AttentionPoolLatent(D, cfg.pool_heads or cfg.num_heads, pool_mlp,
                                              norm_layer=norm_layer, act_layer=nn.GELU) \
             if cfg.global_pool == "map" else None
         self.fc_norm = norm_layer(D) if cfg.final_norm and use_fc_norm else nn.Identity()

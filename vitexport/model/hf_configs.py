@@ -57,6 +57,7 @@ class Family:
     square_int: bool = True  # an old processor's `size: N` means N x N (else: the shorter side to N)
     nested: bool = False  # a whole two-tower model: the vision tower's config is under vision_config
     pooler: bool = True  # the model has a pooled output; without one, a checkpoint without a classifier gives tokens
+    naflex: bool = False  # patches in (SigLIP2 NaFlex): a square image of the processor's max_num_patches
 
     def config_fields(self, cfg: dict[str, Any], where: str) -> dict[str, Any]:
         """The ViTConfig fields of this config (sizes, options); one sentence for what vitexport cannot build."""
@@ -139,6 +140,26 @@ def _headless(cls: bool) -> Callable[[Callable[[str], Any]], dict[str, Any]]:
     return build
 
 
+def _siglip2(get: Callable[[str], Any]) -> dict[str, Any]:
+    """SigLIP2 NaFlex (`Siglip2VisionModel`): SigLIP's tower on patches, whose position embedding (a square grid of
+    num_patches) is resampled to each image's grid; vitexport takes a square image of the processor's
+    max_num_patches (`describe`) and folds the resampling into the export."""
+    n, p = _int(get, "num_patches", "the config"), to_2tuple(get("patch_size"))
+    side = math.isqrt(n)
+    if side * side != n:
+        raise ValueError(f"num_patches {n} is not a square grid")
+    return {**_siglip(get), "img_size": (side * p[0], side * p[1])}
+
+
+def naflex_size(max_num_patches: Any, patch: tuple[int, int]) -> tuple[int, int]:
+    """The square image Siglip2's processor lays out for at most `max_num_patches` patches: the largest square
+    grid that fits, at the patch size."""
+    if not isinstance(max_num_patches, int) or isinstance(max_num_patches, bool) or not 1 <= max_num_patches <= 65536:
+        raise VitexportError(f"max_num_patches {max_num_patches!r} is not 1..65536.")
+    side = math.isqrt(max_num_patches)
+    return side * patch[0], side * patch[1]
+
+
 def _beit(get: Callable[[str], Any]) -> dict[str, Any]:
     """BEiT and data2vec-vision: relative position bias (per layer or shared), LayerScale, mean pooling."""
     if get("use_relative_position_bias") and get("use_shared_relative_position_bias"):
@@ -210,6 +231,7 @@ _DINO_DEFAULTS = {"hidden_act": "gelu", "layer_norm_eps": 1e-6, "mlp_ratio": 4, 
 _CLIP_DEFAULTS = {"hidden_act": "quick_gelu", "layer_norm_eps": 1e-5, "patch_size": 32}
 _SIGLIP_DEFAULTS = {"hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6, "patch_size": 16,
                     "vision_use_head": True}
+_SIGLIP2_DEFAULTS = {**_SIGLIP_DEFAULTS, "num_patches": 256}
 # documented preprocessing, at the config's image size: the processor class's defaults (ViT, DeiT, CLIP, SigLIP),
 # and for DINOv2 what facebook/dinov2-* ship (resize 256, crop 224, ImageNet mean/std; its processor class's own
 # defaults are CLIP's)
@@ -244,6 +266,10 @@ FAMILIES = {f.model_type: f for f in (
     Family("beit", "BEiT", _BEIT_DEFAULTS, _beit, "bicubic", _BEIT_PP),
     Family("data2vec-vision", "data2vec-vision", _BEIT_DEFAULTS, _beit, "bicubic", _BEIT_PP),
     Family("dinov3_vit", "DINOv3", _DINOV3_DEFAULTS, _dinov3, "bicubic", _DINOV3_PP, square_int=False),
+    Family("siglip2_vision_model", "SigLIP2 NaFlex", _SIGLIP2_DEFAULTS, _siglip2, "bilinear-antialias",
+           _SIGLIP_PP, square_int=False, naflex=True),
+    Family("siglip2", "SigLIP2 NaFlex", _SIGLIP2_DEFAULTS, _siglip2, "bilinear-antialias", _SIGLIP_PP,
+           square_int=False, nested=True, naflex=True),
     Family("aimv2_vision_model", "AIMv2", _AIMV2_DEFAULTS, _aimv2, "bicubic", _CLIP_PP, square_int=False),
 )}
 
@@ -272,6 +298,8 @@ def describe(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) 
     """config.json (+ preprocessor_config.json) -> the fields, the preprocessing and the notes."""
     fam = family(cfg, where)
     fields = fam.config_fields(cfg, where)
+    if fam.naflex and processor is not None and "max_num_patches" in processor:
+        fields["img_size"] = naflex_size(processor["max_num_patches"], fields["patch_size"])
     size = fields["img_size"]
     if processor is None:
         pp = fam.processing.at(size)

@@ -79,8 +79,8 @@ class VisionTransformer(TransformerBase):
         self.blocks = nn.Sequential(*[block(parts, depth=i, drop_path=dpr[i]) for i in range(cfg.depth)])
         use_fc_norm = cfg.uses_fc_norm
         self.norm = norm_layer(D) if cfg.final_norm and not use_fc_norm else nn.Identity()
-        self.attn_pool = AttentionPoolLatent(D, cfg.pool_heads or cfg.num_heads, cfg.mlp_ratio if cfg.pool_mlp_ratio is None
-                                             else cfg.pool_mlp_ratio,
+        pool_mlp = cfg.mlp_ratio if cfg.pool_mlp_ratio is None else cfg.pool_mlp_ratio  # 0: no MLP (AIMv2)
+        self.attn_pool = AttentionPoolLatent(D, cfg.pool_heads or cfg.num_heads, pool_mlp,
                                              norm_layer=norm_layer, act_layer=parts.act_layer) \
             if cfg.global_pool == "map" else None
         self.fc_norm = norm_layer(D) if cfg.final_norm and use_fc_norm else nn.Identity()

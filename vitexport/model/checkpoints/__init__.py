@@ -7,8 +7,8 @@ ViTConfig fields its tensors decide (`fields`: a pooler, a projection, registers
 - `timm`: timm state dicts (`.pth`/`.pt`/`.bin` read with `weights_only`, or `.safetensors`);
 - `jax`: the original JAX `.npz` files of google-research/vision_transformer;
 - `hf_vit`: transformers' ViT and DeiT, and ViT-MSN, ViT-MAE and I-JEPA; `hf_dinov2`: DINOv2, with and without
-  registers; `hf_dinov3`: DINOv3; `hf_beit`: BEiT and data2vec-vision; `hf_aimv2`: AIMv2; `hf_clip`: the CLIP, MetaCLIP 2 and SigLIP
-  vision towers;
+  registers; `hf_dinov3`: DINOv3; `hf_beit`: BEiT and data2vec-vision; `hf_aimv2`: AIMv2; `hf_clip`: the CLIP,
+  MetaCLIP 2, SigLIP and SigLIP2 NaFlex vision towers;
 - `timm_naflex`: timm's NaFlexViT (its `embeds` module: a patch Linear, a position embedding at its own grid).
 
 `reading` finds and reads the raw tensors; `adapt` fits them to a model. The sizes and options of a transformers
@@ -17,6 +17,7 @@ model come from its config.json (`model.hf_configs`), not from here.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -71,8 +72,10 @@ def _transformers_hints(config: dict) -> dict:
         hints["norm_eps"] = float(cfg["layer_norm_eps"])
     if isinstance(cfg.get("qkv_bias"), bool):
         hints["qkv_bias"] = cfg["qkv_bias"]
-    img, patch = cfg.get("image_size"), cfg.get("patch_size")
-    if isinstance(img, int) and isinstance(patch, int) and 0 < patch <= img:
+    img, patch, patches = cfg.get("image_size"), cfg.get("patch_size"), cfg.get("num_patches")
+    if isinstance(patches, int) and 0 < patches and math.isqrt(patches) ** 2 == patches:  # SigLIP2 NaFlex's grid
+        hints["grid"] = (math.isqrt(patches), math.isqrt(patches))
+    elif isinstance(img, int) and isinstance(patch, int) and 0 < patch <= img:
         hints["grid"] = (img // patch, img // patch)
     return hints
 

@@ -33,7 +33,8 @@ def adapt_state_dict(
     """Fit a checkpoint to the model: resize the position embedding, drop a head of another class count.
 
     rel_pos_resample: how BEiT's relative position tables are resampled to another window: 'geometric' (timm's,
-    from BEiT's fine-tuning code) or 'bilinear' (transformers'). Returns the adapted state dict and warnings. Raises one readable error listing every missing,
+    from BEiT's fine-tuning code) or 'bilinear' (transformers'). Returns the adapted state dict and warnings.
+    Raises one readable error listing every missing,
     unexpected or mis-shaped tensor by name.
     """
     notes: list[str] = []

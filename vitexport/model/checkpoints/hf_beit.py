@@ -27,7 +27,8 @@ _TABLE = HF_EMBEDDINGS + [
     (_ATTN + r"(?:value|v_proj)\.bias", r"blocks.\1.attn.v_bias"),
     (HF_LAYER + r"(?:attention\.)?(?:attention\.)?relative_position_bias\.relative_position_bias_table",
      r"blocks.\1.attn.relative_position_bias_table"),
-    (r"(?:encoder\.)?relative_position_bias\.relative_position_bias_table", "rel_pos_bias.relative_position_bias_table"),
+    (r"(?:encoder\.)?relative_position_bias\.relative_position_bias_table",
+     "rel_pos_bias.relative_position_bias_table"),
     (r".*relative_position_index", ""),  # a buffer older checkpoints saved: the model computes its own
     (r"pooler\.layernorm\.(weight|bias)", r"fc_norm.\1"),
 ]

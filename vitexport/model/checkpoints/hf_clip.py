@@ -7,6 +7,8 @@ tensors say about the structure:
 - CLIP: a class embedding, `pre_layrnorm` (timm's `norm_pre`, with a patch conv without bias), and
   `post_layernorm` on the class token (timm's final norm, which normalises every token before taking that one);
   `visual_projection` (no bias) is the representation layer without activation, whose output is `image_embeds`;
+- SigLIP2 NaFlex: SigLIP's names, with the patch embedding a Linear over each patch's pixels in (row, column,
+  channel) order, which is the patch convolution with its weight laid out so;
 - SigLIP: no class token; `head` is the attention-pool head (timm's `attn_pool`): a learned probe, PyTorch's
   MultiheadAttention (its packed in-projection split into q and kv), then LayerNorm and a residual MLP. Without a
   head (`vision_use_head=False`) the tower's users average the normalised tokens.
@@ -14,6 +16,7 @@ tensors say about the structure:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .common import StateDict, convert_encoder
@@ -49,6 +52,10 @@ class _Tower:
         out = convert_encoder(raw, self.ANCHOR, _ENCODER, _QKV, {"visual_projection": "pre_logits.fc"}, _OTHER_TOWER)
         if "embeddings.class_embedding" in out:
             out["cls_token"] = out.pop("embeddings.class_embedding").reshape(1, 1, -1)  # (D,) -> (1, 1, D)
+        w = out.get("patch_embed.proj.weight")
+        if w is not None and w.ndim == 2:  # SigLIP2 NaFlex: a Linear over (row, column, channel) patch pixels
+            side = math.isqrt(w.shape[1] // 3)
+            out["patch_embed.proj.weight"] = w.reshape(w.shape[0], side, side, 3).permute(0, 3, 1, 2).contiguous()
         if "embeddings.position_embedding.weight" in out:
             out["pos_embed"] = out.pop("embeddings.position_embedding.weight").unsqueeze(0)  # (N, D) -> (1, N, D)
         if "head.attention.in_proj_weight" in out:
