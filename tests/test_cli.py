@@ -34,3 +34,4 @@ def test_the_check_sees_a_heavy_import():
     code = _CODE.replace("from vitexport.cli import cli", "from vitexport.cli import cli\nimport onnx")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert json.loads(out.stdout)["loaded"] == ["onnx"]
+

@@ -1,6 +1,6 @@
 """Odd images and odd data folders: each image works or is one sentence naming it; calibration and bench leave
 out what cannot be used and say how many and why, never silently; nothing in a data folder makes vitexport read
-outside it. docs/GUARANTEES.md points here.
+outside it; a model name typed where a model folder belongs is told where it goes. docs/GUARANTEES.md points here.
 
 Oracles are the images' own pixels, made here with known colours (a CMYK cyan is RGB (0, 255, 255), a transparent
 pixel is composited on white, an animated file's first frame is its first colour), and the digits model's
@@ -16,7 +16,7 @@ import stat
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, copy_export
+from conftest import ROOT, copy_export, fails_cleanly
 from PIL import Image, features
 
 from vitexport.artifacts.folder import LOCK_NAME, OWNER_NAME, ModelFolder
@@ -330,3 +330,23 @@ def test_every_odd_image_through_bench(model, tmp_path, monkeypatch):
     assert kinds == {"truncated.png": "damaged", "huge.png": "too large", "locked.png": "unreadable",
                      "text.jpg": "not an image"}
     assert f"Skipped 5 files of {root}" in r.output
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["info", "vit_tiny_patch16_224"], "export it with `vitexport onnx -m vit_tiny_patch16_224`"),
+    (["quantize", "vit_tiny_patch16_224.augreg_in21k", "--int8"], "give it as -m vit_tiny_patch16_224.augreg_in21k"),
+    (["predict", "vit_tiny_patch16_224", "photo.jpg"], "give it as -m vit_tiny_patch16_224"),
+    (["bench", "vit_tiny_patch16_224"], "give it as -m vit_tiny_patch16_224"),
+])
+def test_a_model_name_where_a_folder_belongs_is_told_where_it_goes(args, hint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, args)
+    fails_cleanly(r, f"{args[1]} is a model name")
+    assert hint in r.output and not (tmp_path / "models").exists()
+
+
+def test_a_missing_path_that_names_no_model_just_does_not_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["quantize", "no_such_folder", "--int8"])
+    fails_cleanly(r, "no_such_folder does not exist.")
+    assert "model name" not in r.output

@@ -186,7 +186,9 @@ def _open_default(spec: ModelSpec, export: bool, log: Log) -> tuple[ModelFolder,
 def _open_given(path: Path) -> ModelFolder:
     """A model folder or its FP32 ONNX, as a user named it: one sentence for anything else."""
     if not path.exists():
-        raise VitexportError(f"{path} does not exist.")
+        from .model.variants import missing_path_sentence
+
+        raise VitexportError(missing_path_sentence(path))
     folder = ModelFolder.containing(path)
     if not folder.has_manifest():
         from .model.hub import checkpoint_refusal

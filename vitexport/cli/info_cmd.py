@@ -81,7 +81,9 @@ def info_command(model_dir: Path | None, clean: bool, log):
             raise VitexportError("No model folders under models/ (or $VITEXPORT_MODELS); give MODEL_DIR.")
     else:
         if not model_dir.exists():
-            raise VitexportError(f"{model_dir} does not exist.")
+            from ..model.variants import missing_path_sentence
+
+            raise VitexportError(missing_path_sentence(model_dir, takes_name=False))
         folders = [ModelFolder.containing(model_dir)]
         if not folders[0].has_manifest():
             from ..model.hub import checkpoint_refusal

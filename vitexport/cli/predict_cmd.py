@@ -17,6 +17,11 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
     from ..artifacts.folder import ModelFolder
 
     first = paths[0]
+    if not first.exists() and len(paths) > 1:  # a model name typed where the model folder goes
+        from ..model.variants import missing_path_sentence
+
+        if "model name" in (said := missing_path_sentence(first)):
+            raise VitexportError(said)
     is_model = first.exists() and (first.is_dir() or first.suffix == ".onnx") and \
         ModelFolder.containing(first).has_manifest()
     if not is_model:

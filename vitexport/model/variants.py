@@ -4,6 +4,7 @@ model, vitexport's own."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from ..data.preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocess
 from ..errors import VitexportError
@@ -29,6 +30,20 @@ def get_variant(name: str) -> Architecture:
     """A model by name: any architecture of timm's VisionTransformer family (resources/timm_archs.json), or the
     shipped digits model. Unknown names: one sentence with the closest names."""
     return DIGITS if name == DIGITS_VARIANT else get_arch(name)
+
+
+def missing_path_sentence(path: Path | str, takes_name: bool = True) -> str:
+    """The sentence for a path that does not exist where a model folder belongs: a model name typed there (an
+    architecture or ARCH.TAG) is told to go to -m (takes_name False: a command without -m, told to export it)."""
+    text = str(path)
+    try:
+        named = "/" not in text and bool(get_variant(text.partition(".")[0]))
+    except VitexportError:
+        named = False
+    if not named:
+        return f"{text} does not exist."
+    how = f"give it as -m {text}" if takes_name else f"export it with `vitexport onnx -m {text}` and give that folder"
+    return f"{text} does not exist; {text} is a model name: {how}."
 
 
 class _Classic(Mapping[str, Architecture]):
