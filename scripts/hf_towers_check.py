@@ -178,8 +178,8 @@ def write(rows: list[dict], baseline: tuple[float, float], path: Path) -> None:
              "images (a tower without a pooler: its tokens, last_hidden_state). *rel. error* is max abs / max(1, "
              "|output|) (the tests' bound is 1e-4); *pixels* is the largest difference between the manifest's "
              "preprocessing and the image processor's on a 451x300 photo, in normalised units (its PIL "
-             "implementation where it has one; DINOv3's resizes with torch and keeps the pixels as floats, so up "
-             "to one 8-bit level apart).", "",
+             "implementation where it has one; DINOv3's and SigLIP2's resize with torch and keep the pixels as "
+             "floats, so up to one 8-bit level apart; SigLIP2's on a square crop of the photo, as its patches).", "",
              f"transformers {transformers.__version__}, torch {torch.__version__}; {cpu_model()}, "
              f"{os.cpu_count()} cores. Memory baseline: `vitexport onnx -m vit_base_patch16_224` (timm's ViT-B/16 by "
              f"name, random weights) took {baseline[0]:.0f} s at a peak RSS of {baseline[1]:,.0f} MB.", "",
