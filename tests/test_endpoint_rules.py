@@ -3,6 +3,7 @@ server's counters in both protocols' forms, uint8 pixels recovered exactly, perf
 wrong or late answer as one sentence."""
 
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -215,7 +216,7 @@ def test_a_server_that_cannot_read_our_shared_memory_is_one_sentence_and_leaves_
     with pytest.raises(EndpointError, match="cannot read this host's shared memory .*Unable to open shared memory"):
         r._open_shared_memory()
     r.close()
-    assert not list(Path("/dev/shm").glob("vitexport_*"))
+    assert not list(Path("/dev/shm").glob(f"vitexport_{os.getpid()}_*"))  # this process's (other workers: theirs)
 
 
 class _Served:

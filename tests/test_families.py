@@ -1,7 +1,9 @@
 """The families people deploy, by their timm names, from hub repositories laid out as timm's are (made here from
 random weights by timm's own hub helpers, read offline): the export matches timm's model, every precision is made
 and passes its check, every file passes onnx.checker's full check (and, for the RoPE and relative-position
-families, Polygraphy's lint), and the bench runs every CPU row.
+families, Polygraphy's lint), and the bench runs every CPU row. Those chains (every precision, the bench, the IR and Triton) are marked `e2e`:
+they run in CI's second job (`python -m pytest -q -m e2e`), not in the default run; the exports and their parity
+with timm run in both.
 
 Depth is cut to 1 block (the repository's config.json says so, as timm writes it for such a model); width, heads,
 options and input size are the tag's own (DINOv2 at 518 px, EVA02-S at 336, NaFlexViT's SigLIP2 at 384).
@@ -67,6 +69,7 @@ def test_the_export_is_timm_s_model(family):
         model.pretrained_cfg["crop_pct"], model.pretrained_cfg["crop_mode"], tuple(model.pretrained_cfg["mean"]))
 
 
+@pytest.mark.e2e
 def test_every_precision_is_made_checked_and_valid(family):
     _, _, folder = family
     for args in (["--int8", "--target", "all"], ["--fp8"], ["--fp16", "--target", "all"]):
@@ -85,6 +88,7 @@ def test_every_precision_is_made_checked_and_valid(family):
         assert errors == {n: [] for n in written if n != "model.fp8.onnx"}
 
 
+@pytest.mark.e2e
 def test_the_bench_runs_every_cpu_row(family, tmp_path):
     _, _, folder = family
     ran = quick_bench(folder, tmp_path)
@@ -121,6 +125,7 @@ def test_every_attention_site_is_found_with_its_tokens(family):
     assert {s.bias is not None for s in blocks} == {bool(config["rel_pos_bias"])}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("family", ["vit_small_patch16_dinov3.lvd1689m", "beitv2_base_patch16_224.in1k_ft_in22k_in1k"],
                          indirect=True)
 def test_the_ir_and_the_triton_repository_of_a_rope_and_a_biased_model(family, tmp_path):

@@ -1,6 +1,7 @@
 """transformers' towers through a Hugging Face cache the tests lay out (offline), then every step after the export:
 INT8 for every target and FP16, each file valid by onnx.checker's full check and passing its own parity check;
-the bench's CPU rows; a Triton repository whose config parses against Triton's schema; `predict` on a classifier.
+the bench's CPU rows; a Triton repository whose config parses against Triton's schema (those two chains are marked
+`e2e`: CI's second job runs them); `predict` on a classifier.
 
 A whole CLIPModel / SiglipModel (text tower included, as openai/clip-* and google/siglip-* repositories hold
 them) exports its vision tower, checked against transformers' get_image_features.
@@ -83,6 +84,7 @@ def test_every_class_is_the_same_model_through_an_offline_cache(case, tmp_path, 
     assert hub.resolved_checkpoint().read_bytes() == (tmp_path / "saved" / "model.safetensors").read_bytes()
 
 
+@pytest.mark.e2e
 def test_int8_for_every_target_and_fp16_pass_their_checks(tower):
     _, _, folder = tower
     for args in (["--int8", "--target", "all"], ["--fp16", "--target", "all"]):
@@ -95,6 +97,7 @@ def test_int8_for_every_target_and_fp16_pass_their_checks(tower):
         onnx.checker.check_model(str(path), full_check=True)
 
 
+@pytest.mark.e2e
 def test_the_bench_and_triton_take_the_tower(tower, tmp_path):
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
