@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import VitexportError
 from .results import ExportResult, Progress, QuantizeResult, _log, _parity
 
 if TYPE_CHECKING:
     from ..ensure import Artifact
+    from ..model.spec import ExportOptions
 
 
 def _model_ref(model: str | Path | None, checkpoint: str | Path | None) -> tuple[str | None, str | Path | None]:
@@ -17,9 +18,6 @@ def _model_ref(model: str | Path | None, checkpoint: str | Path | None) -> tuple
     the checkpoint (its config names the model)."""
     if model is None:
         return None, checkpoint
-    if not isinstance(model, (str, Path)):
-        raise VitexportError(f"export() takes a model name, a folder or file, or an hf-hub: reference; got a "
-                             f"{type(model).__module__}.{type(model).__qualname__} object.")
     text = str(model)
     if text.startswith("hf-hub:") or isinstance(model, Path) or Path(text).exists():
         if checkpoint is not None:
@@ -40,7 +38,7 @@ def export(model: str | Path | None = None, *, checkpoint: str | Path | None = N
     or folder (its config names the model); None: the default model. `output`: the folder (default
     models/<variant>-<H>x<W>/). Raises ParityError when ONNX Runtime and PyTorch disagree."""
     from ..ensure import ensure_artifact
-    from ..model.spec import ExportOptions, spec_for
+    from ..model.spec import spec_for
     from ..preflight import check_export
 
     if model is not None and not isinstance(model, (str, Path)):
@@ -54,15 +52,24 @@ def export(model: str | Path | None = None, *, checkpoint: str | Path | None = N
     size = (img_size, img_size) if isinstance(img_size, int) else img_size
     spec = spec_for(name, ckpt, size, num_classes=num_classes, pos_embed_interp=pos_embed_interp,
                     dynamic_img_size=dynamic_img_size, img_size_range=img_size_range)
-    opts = ExportOptions(check_batches=tuple(check_batches), force=force, outputs=outputs)
-    if opset is not None:
-        opts.opset = opset
-    if atol is not None:
-        opts.atol = atol
+    opts = _export_options(check_batches, force, outputs, opset, atol)
     check_export(spec, opts.check_batches)
     artifact = ensure_artifact(None if output is None else Path(output), "fp32", spec=spec, export_opts=opts,
                                fresh=True, log=_log(progress))
     return _export_result(artifact)
+
+
+def _export_options(check_batches: tuple[int, ...], force: bool, outputs: str | None, opset: int | None,
+                    atol: float | None, **reference: Any) -> "ExportOptions":
+    """ExportOptions from export()'s keywords (None: the option's default); `reference`: a model object's."""
+    from ..model.spec import ExportOptions
+
+    opts = ExportOptions(check_batches=tuple(check_batches), force=force, outputs=outputs, **reference)
+    if opset is not None:
+        opts.opset = opset
+    if atol is not None:
+        opts.atol = atol
+    return opts
 
 
 def _export_result(artifact: "Artifact") -> ExportResult:
@@ -86,7 +93,7 @@ def _export_object(obj: object, *, output: str | Path | None, dynamic_img_size: 
     from ..ensure import ensure_artifact
     from ..model.objects import OBJECT_OUTPUTS, cpu_copy, describe_object, drop_source, object_output, \
         prune_sources, write_checkpoint
-    from ..model.spec import ExportOptions, ModelSpec, safe_name, spec_for
+    from ..model.spec import ModelSpec, safe_name, spec_for
     from ..preflight import check_export
 
     held = describe_object(obj)
@@ -114,23 +121,19 @@ def _export_object(obj: object, *, output: str | Path | None, dynamic_img_size: 
         return spec
 
     log = _log(progress)
+    module = cpu_copy(held)  # written out, then the check's reference
     with tempfile.TemporaryDirectory(prefix="vitexport-object-") as tmp:
         log.info(f"Writing {what}'s weights ({held.kind} {held.name})")
-        staged = write_checkpoint(held, Path(tmp))
+        staged = write_checkpoint(held, module, Path(tmp))
         folder = Path(output) if output is not None else spec_at(staged).default_folder().path
         final = folder / staged.relative_to(tmp)
         existed = final.is_dir()
         if not existed:
             final.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(staged), str(final))
-    module = cpu_copy(held)
-    opts = ExportOptions(check_batches=tuple(check_batches), force=force, outputs=outputs,
-                         reference=lambda x, names: [object_output(held, module, x, n) for n in names],
-                         reference_outputs=OBJECT_OUTPUTS[held.kind], reference_name=what)
-    if opset is not None:
-        opts.opset = opset
-    if atol is not None:
-        opts.atol = atol
+    opts = _export_options(check_batches, force, outputs, opset, atol,
+                           reference=lambda x, names: [object_output(held, module, x, n) for n in names],
+                           reference_outputs=OBJECT_OUTPUTS[held.kind], reference_name=what)
     try:
         spec = spec_at(final)
         check_export(spec, opts.check_batches)

@@ -18,10 +18,10 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
 
     first = paths[0]
     if not first.exists() and len(paths) > 1:  # a model name typed where the model folder goes
-        from ..model.variants import missing_path_sentence
+        from ..model.variants import missing_path_sentence, names_a_model
 
-        if "model name" in (said := missing_path_sentence(first)):
-            raise VitexportError(said)
+        if names_a_model(str(first)):
+            raise VitexportError(missing_path_sentence(first))
     is_model = first.exists() and (first.is_dir() or first.suffix == ".onnx") and \
         ModelFolder.containing(first).has_manifest()
     if not is_model:

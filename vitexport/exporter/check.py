@@ -38,13 +38,13 @@ def check_onnx_against_torch(onnx_path: Path, model: VisionTransformer, batches:
 def check_onnx(onnx_path: Path, reference: Callable[[torch.Tensor], list[np.ndarray]], outputs: tuple[str, ...],
                in_chans: int, sizes: list[tuple[int, int]], batches: tuple[int, ...],
                thresholds: Thresholds | None = None, seed: int = 0, log: Log = QUIET, against: str = "PyTorch",
-               per_size: bool | None = None) -> list[BatchCheck]:
+               per_size: bool = False) -> list[BatchCheck]:
     """ONNX Runtime's `outputs` against `reference(x)`'s (one array per output) on the same seeded random inputs,
-    at every batch size and image size; a batch's check is that of its worst output."""
+    at every batch size and image size (per_size: each check records its size, a dynamic-size export's); a batch's
+    check is that of its worst output."""
     thresholds = thresholds or export_thresholds()
     sess = create_session(onnx_path)
     gen = torch.Generator().manual_seed(seed)
-    per_size = len(sizes) > 1 if per_size is None else per_size
     checks = []
     for b, size in [(b, s) for s in sizes for b in batches]:
         x = torch.randn(b, in_chans, *size, generator=gen)

@@ -117,12 +117,11 @@ def _timm_config(held: HeldModel, module: "torch.nn.Module") -> dict[str, Any]:
     return cfg
 
 
-def write_checkpoint(held: HeldModel, folder: Path) -> Path:
+def write_checkpoint(held: HeldModel, module: "torch.nn.Module", folder: Path) -> Path:
     """The object as a checkpoint folder under `folder`/source/<digest of its files>/ (config.json and the weights
-    in safetensors, FP32 on the CPU); an identical one already there is reused."""
+    in safetensors): `module` is its CPU FP32 copy (cpu_copy); an identical one already there is reused."""
     from safetensors.torch import save_file
 
-    module = cpu_copy(held)
     root = folder / SOURCE_DIR
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=root))

@@ -32,15 +32,19 @@ def get_variant(name: str) -> Architecture:
     return DIGITS if name == DIGITS_VARIANT else get_arch(name)
 
 
+def names_a_model(text: str) -> bool:
+    """`text` is a model name (an architecture, or ARCH.TAG), as a user may type one where a folder belongs."""
+    try:
+        return "/" not in text and bool(get_variant(text.partition(".")[0]))
+    except VitexportError:
+        return False
+
+
 def missing_path_sentence(path: Path | str, takes_name: bool = True) -> str:
     """The sentence for a path that does not exist where a model folder belongs: a model name typed there (an
     architecture or ARCH.TAG) is told to go to -m (takes_name False: a command without -m, told to export it)."""
     text = str(path)
-    try:
-        named = "/" not in text and bool(get_variant(text.partition(".")[0]))
-    except VitexportError:
-        named = False
-    if not named:
+    if not names_a_model(text):
         return f"{text} does not exist."
     how = f"give it as -m {text}" if takes_name else f"export it with `vitexport onnx -m {text}` and give that folder"
     return f"{text} does not exist; {text} is a model name: {how}."

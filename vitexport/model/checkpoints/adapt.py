@@ -80,7 +80,9 @@ def adapt_state_dict(
     return sd, notes
 
 
-HOW_RESAMPLED = {"geometric": "BEiT's geometric resampling", "bilinear": "bilinear, as transformers does"}
+# how a relative position table is resampled to another window, and how the note names it
+TABLE_RESAMPLING = {"geometric": (resize_table, "BEiT's geometric resampling"),
+                    "bilinear": (resize_table_bilinear, "bilinear, as transformers does")}
 
 
 def _resize_rel_pos_tables(sd: StateDict, target: StateDict, grid: tuple[int, int], notes: list[str],
@@ -95,12 +97,11 @@ def _resize_rel_pos_tables(sd: StateDict, target: StateDict, grid: tuple[int, in
         if side * side != v.shape[0] - EXTRA_TOKENS or side % 2 == 0 or v.ndim != 2 or \
                 v.shape[1] != target[k].shape[1]:
             continue  # not a table of a square window: named as mis-shaped below
-        resize = resize_table_bilinear if method == "bilinear" else resize_table
-        sd[k] = resize(v, ((side + 1) // 2, (side + 1) // 2), grid)
+        sd[k] = TABLE_RESAMPLING[method][0](v, ((side + 1) // 2, (side + 1) // 2), grid)
         resized += 1
     if resized:
         notes.append(f"Resized {resized} relative position bias table{'s' if resized > 1 else ''} to a "
-                     f"{grid[0]}x{grid[1]} grid ({HOW_RESAMPLED[method]}).")
+                     f"{grid[0]}x{grid[1]} grid ({TABLE_RESAMPLING[method][1]}).")
 
 
 def _drop_heads(sd: StateDict) -> None:
