@@ -58,10 +58,13 @@ def _converted(ref: torch.nn.Module) -> dict:
 
 
 @pytest.mark.parametrize("arch", sorted(arch_names()))
-def test_every_architecture_has_timm_s_tensors_and_counts(arch):
+def test_every_architecture_has_timm_s_tensors_and_counts(arch, monkeypatch):
     """On the meta device (no memory): the same state-dict names and shapes as timm's model of the default tag, and
     the parameter count the table lists. NaFlexViT stores its position embedding at its own grid, which vitexport
-    resamples to the model's once (timm: on every forward), so that one tensor's shape and count differ."""
+    resamples to the model's once (timm: on every forward), so that one tensor's shape and count differ. A meta
+    tensor has no values, so timm's truncated-normal fill is skipped: run on the meta device, its clamp was 85 % of
+    the time."""
+    monkeypatch.setattr(timm.layers.weight_init, "_trunc_normal_", lambda tensor, *args: tensor)
     a = get_arch(arch)
     with torch.device("meta"):
         ref = timm.create_model(arch, pretrained=False)

@@ -67,7 +67,7 @@ def test_checkpoint_at_new_size_is_baked(in_tmp):
         assert np.abs(out - ref(x).numpy()).max() < 1e-4
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_default_vit_b16_at_384(in_tmp):
     """The size that matters: the default ViT-B/16 exported at 384 from a 224 checkpoint, ONNX Runtime running the
     file against timm's own VisionTransformer at 384 with the same weights (timm's resizing of the position

@@ -88,7 +88,7 @@ def test_a_precision_not_yet_made_is_made_then_run(digits_export, tmp_path, prec
     assert np.mean(np.array(got) == 7) >= 0.8  # and still the digits model
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_default_model_on_a_photo_prints_a_table(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(cli, ["predict", "-q", str(PHOTO), "--top-k", "3"])

@@ -385,23 +385,6 @@ def test_the_new_blocks_gemms_are_quantized_and_grouped(sapiens_like, tmp_path):
         assert r.exit_code == 0, (args, r.output)
 
 
-@pytest.mark.parametrize("rope", ["cat", "dinov3", "mixed"])
-def test_a_fixed_size_table_is_a_constant_and_a_dynamic_one_is_computed_in_the_graph(rope):
-    """At a fixed size no Sin, Cos or Range is left for a runtime (mixed RoPE's table from its learned frequencies as
-    the export found them); at a dynamic size the table is computed from the input's grid, without If or Loop."""
-    from vitexport.exporter.to_onnx import _trace
-    from vitexport.tensorrt_engine.graph_rules import rule_breakers
-
-    fields = dict(family="eva", rope=rope, embed_dim=64, num_heads=4, depth=2, img_size=(48, 32), patch_size=16,
-                  num_classes=3, rope_rotate_half=rope == "dinov3")
-    for dynamic in (False, True):
-        model = build_model(ViTConfig(**fields, dynamic_img_size=dynamic))
-        proto = _trace(model, 18, 2, img_size_range=((32, 32), (96, 96)) if dynamic else None)
-        ops = {n.op_type for n in proto.graph.node}
-        assert not rule_breakers(proto)
-        assert ({"Sin", "Cos", "Range"} <= ops) == dynamic and not ({"Sin", "Cos"} & ops and not dynamic), ops
-
-
 def _perturbed_norms(model: torch.nn.Module) -> None:
     """Norm weights and biases away from one and zero, so that a channel order they must follow is seen."""
     g = torch.Generator().manual_seed(3)
@@ -447,15 +430,21 @@ def test_what_an_export_prepares_is_the_same_function(fields):
 def test_every_rope_export_is_what_openvino_fuses(fields, dynamic):
     """OpenVINO's own pattern matcher, not ours: compiled for its CPU plugin, every block's q and k rotation is one
     RoPE kernel (interleaved pairs too, regrouped at export, and a table computed in the graph); a packed GLU is
-    exported as two GEMMs, with no split of one GEMM's output to run."""
+    exported as two GEMMs, with no split of one GEMM's output to run. At a fixed size no Sin, Cos or Range is left
+    for a runtime (mixed RoPE's table from its learned frequencies as the export found them); at a dynamic size the
+    table is computed from the input's grid, without If or Loop."""
     import openvino as ov
 
     from vitexport.exporter.to_onnx import _tidy_graph, _trace
+    from vitexport.tensorrt_engine.graph_rules import rule_breakers
 
     cfg = ViTConfig(family="eva", embed_dim=64, num_heads=4, depth=2, img_size=(48, 32), patch_size=16,
                     num_classes=5, dynamic_img_size=dynamic, **fields)
     torch.manual_seed(0)
     proto = _trace(perturbed(build_model(cfg)).eval(), 18, 2, img_size_range=((32, 32), (96, 96)) if dynamic else None)
+    ops = {n.op_type for n in proto.graph.node}
+    assert not rule_breakers(proto)
+    assert ({"Sin", "Cos", "Range"} <= ops) == dynamic and not ({"Sin", "Cos"} & ops and not dynamic), ops
     _tidy_graph(proto)  # nodes named after their modules, as an export writes them
     compiled = ov.Core().compile_model(ov.Core().read_model(proto.SerializeToString(), b""), "CPU",
                                        {"INFERENCE_PRECISION_HINT": "f32"})
