@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, copy_export
 from onnx import numpy_helper
 
 from vitexport.artifacts.folder import ModelFolder
@@ -30,10 +30,8 @@ HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fp8") / "digits"
-    r = CliRunner().invoke(cli, ["onnx", "-m", DIGITS_VARIANT, "-o", str(out), "-q"])
-    assert r.exit_code == 0, r.output
+def folder(tmp_path_factory, digits_export):
+    out = copy_export(digits_export, tmp_path_factory.mktemp("fp8") / "digits")
     r = CliRunner().invoke(cli, ["quantize", "--fp8", str(out)])
     assert r.exit_code == 0, r.output
     assert "Parity vs FP32: passed" in r.output

@@ -15,11 +15,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, copy_export
 
 from vitexport.backends.ort_backend import provider_nvinfer_major, trt_provider_mismatch
-from vitexport.cli import cli
 from vitexport.data.images import load_folder
 from vitexport.model.variants import DIGITS_VARIANT, VARIANTS
 from vitexport.precision.calibrate import calibrate
@@ -41,12 +39,10 @@ QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
 @pytest.fixture(scope="module")
-def graphs(tmp_path_factory):
+def graphs(tmp_path_factory, digits_export):
     """model.onnx, model.fp16.onnx (CPU), model.fp16.trt.onnx, and two TensorRT INT8 graphs (attention products
     quantized or not), from one export and one calibration."""
-    out = tmp_path_factory.mktemp("fusion") / "digits"
-    r = CliRunner().invoke(cli, ["onnx", "-m", DIGITS_VARIANT, "-o", str(out), "-q"])
-    assert r.exit_code == 0, r.output
+    out = copy_export(digits_export, tmp_path_factory.mktemp("fusion") / "digits")
     fp32 = out / "model.onnx"
     convert_fp16(fp32, out / "model.fp16.onnx")
     convert_fp16(fp32, out / "model.fp16.trt.onnx", ())

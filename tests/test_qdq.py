@@ -5,10 +5,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, copy_export
 
-from vitexport.cli import cli
 from vitexport.data.images import load_folder
 from vitexport.model.variants import DIGITS_VARIANT, VARIANTS
 from vitexport.precision.calibrate import calibrate
@@ -29,11 +27,8 @@ HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qdq") / "digits"
-    r = CliRunner().invoke(cli, ["onnx", "-m", DIGITS_VARIANT, "-o", str(out), "-q"])
-    assert r.exit_code == 0, r.output
-    return out / "model.onnx"
+def digits(tmp_path_factory, digits_export):
+    return copy_export(digits_export, tmp_path_factory.mktemp("qdq") / "digits") / "model.onnx"
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,12 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, fails_cleanly
+from conftest import ROOT, copy_export, fails_cleanly
 
 from vitexport.artifacts.folder import ModelFolder, TritonModelFolder, onnx_digest
 from vitexport.artifacts.sidecar import write_sidecar
 from vitexport.cli import cli
-from vitexport.exporter.run import run_export
 from vitexport.model.labels import class_names
-from vitexport.model.spec import ModelSpec
 from vitexport.tensorrt_engine.compiler import make_sidecar
 from vitexport.tensorrt_engine.options import BuildOptions
 
@@ -28,9 +26,8 @@ HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    root = tmp_path_factory.mktemp("triton")
-    return run_export(ModelSpec(variant="vit_digits_patch4_32"), output=root / "digits").folder
+def digits(tmp_path_factory, digits_export):
+    return ModelFolder(copy_export(digits_export, tmp_path_factory.mktemp("triton") / "digits"))
 
 
 def parse(model: TritonModelFolder):
