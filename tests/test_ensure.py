@@ -70,10 +70,10 @@ def test_ensure_keeps_a_current_file_and_remakes_a_stale_one(tiny_default, tmp_p
     assert ensure_artifact(folder, "fp32").path == folder / "model.onnx"
 
 
-def test_every_kind_has_a_maker_or_says_so(tiny_default, tmp_path, monkeypatch):
+def test_every_kind_has_a_maker_or_says_so(digits_export, tmp_path, monkeypatch):
     assert set(MAKERS) | {"fp32"} <= set(ARTIFACTS)
     folder = tmp_path / "m"
-    shutil.copytree(tiny_default / "models" / "vit_tiny_patch16_224-32x32", folder,
+    shutil.copytree(digits_export, folder,
                     ignore=shutil.ignore_patterns("model.*.onnx", "model.openvino.*"))  # only the export
     mf = ModelFolder(folder)
     for kind in ARTIFACTS:  # every kind is the export or is made by its step into a file that verifies
