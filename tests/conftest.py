@@ -2,6 +2,7 @@ import functools
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,74 @@ def _pin_worker() -> None:
 
 _pin_worker()
 torch.set_num_threads(max(1, min(2, usable_cores())))
+
+
+# the graphs torch.onnx.export made in this run, shared by its xdist workers: named by the controller, which starts
+# them with its environment after loading this file, and removes the folder at the end
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["VITEXPORT_TEST_GRAPHS"] = str(Path(tempfile.gettempdir()) / f"vitexport-test-graphs-{os.getpid()}")
+GRAPHS_DIR = Path(os.environ["VITEXPORT_TEST_GRAPHS"])
+
+
+def _memoise_torch_onnx_export() -> None:
+    """torch.onnx.export is half of the suite's time (0.5 s a block, with a symbolic batch), and many tests export a
+    model another test of the worker exported already, byte for byte. Its result depends only on the module (class,
+    every parameter and buffer, every plain attribute of every submodule: config, flags, scales), the shapes and types
+    of the example inputs and the arguments, so a second call with the same ones gets a fresh copy of the first
+    call's graph; everything vitexport does with the graph (naming, checks, parity, the files) still runs. Graphs
+    over 64 MB are not kept. Under xdist the workers of one run share them through a folder of that run (GRAPHS_DIR,
+    removed at the session's end), each written to a temporary name and renamed."""
+    import hashlib
+
+    real = torch.onnx.export
+    graphs: dict[str, bytes] = {}
+    shared = GRAPHS_DIR if os.environ.get("PYTEST_XDIST_WORKER") else None
+
+    def key(model, args, kwargs) -> str:
+        h = hashlib.sha256(repr((torch.__version__, type(model).__qualname__, repr(model))).encode())
+        for name, module in model.named_modules():
+            plain = {k: v for k, v in vars(module).items() if not k.startswith("_")
+                     and isinstance(v, (bool, int, float, str, tuple, type(None)))}
+            h.update(repr((name, type(module).__qualname__, sorted(plain.items()), getattr(module, "cfg", None),
+                           module.training)).encode())
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            t = t.detach().contiguous().cpu()
+            h.update(repr((name, t.dtype, tuple(t.shape))).encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(repr([(tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]).encode())
+        h.update(repr(sorted(kwargs.items())).encode())
+        return h.hexdigest()
+
+    class Program:
+        def __init__(self, data: bytes):
+            import onnx
+
+            self.model_proto = onnx.load_from_string(data)
+
+    def export(model, args=(), *rest, **kwargs):
+        if rest or not isinstance(model, torch.nn.Module) or not kwargs.get("dynamo"):
+            return real(model, args, *rest, **kwargs)
+        k = key(model, args, kwargs)
+        if k not in graphs and shared is not None and (shared / k).is_file():
+            graphs[k] = (shared / k).read_bytes()
+        if k in graphs:
+            return Program(graphs[k])
+        program = real(model, args, **kwargs)
+        proto = program.model_proto
+        if proto.ByteSize() >= 64 * 2**20:
+            return program
+        graphs[k] = proto.SerializeToString()
+        if shared is not None:
+            shared.mkdir(parents=True, exist_ok=True)
+            tmp = shared / f".{k}.{os.getpid()}"
+            tmp.write_bytes(graphs[k])
+            os.replace(tmp, shared / k)
+        return Program(graphs[k])
+
+    torch.onnx.export = export
+
+
+_memoise_torch_onnx_export()
 
 GB_PER_WORKER = 4  # the largest tests (ViT-B/16 exports, benches) peak at about 3.6 GB each
 
@@ -199,7 +268,10 @@ def graphs_breaking_the_rule(root: Path) -> list[str]:
 def pytest_sessionfinish(session, exitstatus):
     """After every test (in the controller: it sees what each worker wrote under the session's temporary folder),
     fail the run when a graph the suite wrote breaks the rule, naming the file and the nodes."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or not hasattr(session.config, "_tmp_path_factory"):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    shutil.rmtree(GRAPHS_DIR, ignore_errors=True)
+    if not hasattr(session.config, "_tmp_path_factory"):
         return
     try:
         root = session.config._tmp_path_factory.getbasetemp()
