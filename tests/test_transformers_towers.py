@@ -161,9 +161,16 @@ def run_onnx(path, x):
     return sess.run(None, {sess.get_inputs()[0].name: x})[0]
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+# the plainer form of a class another case covers with more options (its model without the head, a classifier
+# without the teacher or registers, a family's default options): run with the e2e tests, for the suite's length
+PLAINER = {"vit-model", "deit-model", "deit-classifier", "dinov2-model", "dinov2-classifier", "dinov2-registers",
+           "clip-model", "vit-msn", "ijepa-classifier", "beit-model", "data2vec-vision-classifier", "dinov3"}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.e2e) if c in PLAINER else c for c in CASES])
 def exported(request, tmp_path_factory):
     """(case, transformers model, processor, export folder): `vitexport onnx -c FOLDER` with no -m."""
+    assert PLAINER <= set(CASES)
     case = request.param
     tmp = tmp_path_factory.mktemp(case)
     model, processor = save_tower(case, tmp / "saved")
