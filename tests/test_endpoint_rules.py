@@ -19,7 +19,7 @@ from vitexport.backends.endpoint import (
     server_counts,
     to_pixels,
 )
-from vitexport.benchmark.load import Window, stable, summarise
+from vitexport.benchmark.load import Window, settled, stable, summarise
 from vitexport.data.images import normalise
 from vitexport.data.preprocess import Preprocess
 from vitexport.errors import VitexportError
@@ -133,6 +133,32 @@ def window(throughput, p50, batch=1, seconds=1.0):
 ])
 def test_perf_analyzers_stability_rule(windows, is_stable):
     assert stable(windows) is is_stable
+
+
+class _LaggingServer:
+    """A server whose counters lag its answers: each read shows the count as it was, then one more answered request
+    is counted (Triton counts a request just after answering it)."""
+
+    def __init__(self, counted: int, answered: int):
+        self.counted, self.answered, self.reads = counted, answered, 0
+
+    def statistics(self):
+        self.reads += 1
+        shown, self.counted = self.counted, min(self.answered, self.counted + 1)
+        return {"requests": shown, "inferences": 2 * shown, "queue_ns": 0, "compute_ns": 0}
+
+
+def test_the_servers_counters_are_read_once_they_have_caught_up_and_stopped_moving():
+    """Read while a request of the previous level is still uncounted, the base would be one short, and the count
+    since it would reach the two warm-up requests with one of them still uncounted: the level after would count one
+    request more than it sent."""
+    server = _LaggingServer(counted=10, answered=11)  # the previous level's last request not yet counted
+    base = settled(server, None, 0)
+    assert base["requests"] == 11
+    server.answered += 2  # two warm-up requests answered
+    assert settled(server, base, 2)["requests"] == 13
+    server = _LaggingServer(counted=5, answered=5)
+    assert settled(server, None, 0)["requests"] == 5 and server.reads == 2  # at rest: two reads that agree
 
 
 def test_the_figures_are_those_of_the_last_three_windows():

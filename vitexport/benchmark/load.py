@@ -25,6 +25,7 @@ STABLE_WINDOWS = 3
 MIN_REQUESTS = 50  # answers per window, at least (perf_analyzer's count-windows default)
 MAX_WINDOWS = 10  # perf_analyzer's --max-trials
 SETTLE_S = 2.0  # the server counts a request just after answering it: its counters are read once they have caught up
+QUIET_S = 0.05  # ... and stopped moving for this long
 
 
 @dataclass
@@ -103,15 +104,21 @@ async def _measure(runner: EndpointRunner, staged, concurrency: int, window_s: f
 
 
 def settled(runner: EndpointRunner, since: dict | None, sent: int) -> dict | None:
-    """The server's counters once they count the `sent` requests answered since `since` (a server that others
-    use too may count more; one that never catches up is read as it is after SETTLE_S seconds)."""
+    """The server's counters once they count the `sent` requests answered since `since` and have stopped moving
+    (two reads QUIET_S apart agree): a count that lags by one request would otherwise be taken early, and that
+    request counted in the next measurement. A server that others use too may count more, and one that never
+    settles is read as it is after SETTLE_S seconds."""
     deadline = time.monotonic() + SETTLE_S
+    last = None
     while True:
         now = runner.statistics()
-        if now is None or since is None or now["requests"] - since["requests"] >= sent \
-                or time.monotonic() > deadline:
+        if now is None:
+            return None
+        caught_up = since is None or now["requests"] - since["requests"] >= sent
+        if (caught_up and now == last) or time.monotonic() > deadline:
             return now
-        time.sleep(0.01)
+        last = now if caught_up else None
+        time.sleep(QUIET_S if caught_up else 0.01)
 
 
 def measure_load(runner: EndpointRunner, x: np.ndarray, concurrency: int, window_s: float = 1.0,
@@ -119,7 +126,7 @@ def measure_load(runner: EndpointRunner, x: np.ndarray, concurrency: int, window
                  log: Log = QUIET) -> Latency:
     """`runner` at `concurrency` requests in flight, each a batch `x` (see the module's docstring)."""
     staged = runner.stage(x)
-    base = runner.statistics()
+    base = settled(runner, None, 0)  # the requests before (the parity pass, the last level) all counted
     for _ in range(warmup):
         runner.run(staged)
     before = settled(runner, base, warmup)
