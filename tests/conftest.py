@@ -31,8 +31,8 @@ _pin_worker()
 torch.set_num_threads(max(1, min(2, usable_cores())))
 
 
-# the graphs torch.onnx.export made in this run, shared by its xdist workers: named by the controller, which starts
-# them with its environment after loading this file, and removes the folder at the end
+# the graphs torch.onnx.export made in this run (the memo below), shared by its xdist workers: named by the
+# controller, which starts them with its environment after loading this file, and removes the folder at the end
 if not os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["VITEXPORT_TEST_GRAPHS"] = str(Path(tempfile.gettempdir()) / f"vitexport-test-graphs-{os.getpid()}")
 GRAPHS_DIR = Path(os.environ["VITEXPORT_TEST_GRAPHS"])
@@ -44,13 +44,11 @@ def _memoise_torch_onnx_export() -> None:
     every parameter and buffer, every plain attribute of every submodule: config, flags, scales), the shapes and types
     of the example inputs and the arguments, so a second call with the same ones gets a fresh copy of the first
     call's graph; everything vitexport does with the graph (naming, checks, parity, the files) still runs. Graphs
-    over 64 MB are not kept. Under xdist the workers of one run share them through a folder of that run (GRAPHS_DIR,
-    removed at the session's end), each written to a temporary name and renamed."""
+    over 64 MB are not kept. They are kept in a folder of the run (GRAPHS_DIR, removed at the session's end), which
+    its xdist workers share, each graph written to a temporary name and renamed; none is held in memory."""
     import hashlib
 
     real = torch.onnx.export
-    graphs: dict[str, bytes] = {}
-    shared = GRAPHS_DIR if os.environ.get("PYTEST_XDIST_WORKER") else None
 
     def key(model, args, kwargs) -> str:
         h = hashlib.sha256(repr((torch.__version__, type(model).__qualname__, repr(model))).encode())
@@ -76,22 +74,19 @@ def _memoise_torch_onnx_export() -> None:
     def export(model, args=(), *rest, **kwargs):
         if rest or not isinstance(model, torch.nn.Module) or not kwargs.get("dynamo"):
             return real(model, args, *rest, **kwargs)
-        k = key(model, args, kwargs)
-        if k not in graphs and shared is not None and (shared / k).is_file():
-            graphs[k] = (shared / k).read_bytes()
-        if k in graphs:
-            return Program(graphs[k])
+        kept = GRAPHS_DIR / key(model, args, kwargs)
+        if kept.is_file():
+            return Program(kept.read_bytes())
         program = real(model, args, **kwargs)
         proto = program.model_proto
         if proto.ByteSize() >= 64 * 2**20:
             return program
-        graphs[k] = proto.SerializeToString()
-        if shared is not None:
-            shared.mkdir(parents=True, exist_ok=True)
-            tmp = shared / f".{k}.{os.getpid()}"
-            tmp.write_bytes(graphs[k])
-            os.replace(tmp, shared / k)
-        return Program(graphs[k])
+        data = proto.SerializeToString()
+        GRAPHS_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = GRAPHS_DIR / f".{kept.name}.{os.getpid()}"
+        tmp.write_bytes(data)
+        os.replace(tmp, kept)
+        return Program(data)
 
     torch.onnx.export = export
 
