@@ -385,6 +385,41 @@ def test_the_new_blocks_gemms_are_quantized_and_grouped(sapiens_like, tmp_path):
         assert r.exit_code == 0, (args, r.output)
 
 
+def test_openvino_runs_a_rope_graph_with_int8_attention_in_f32_where_bf16_unfuses_it(sapiens_like, tmp_path):
+    """OpenVINO's RoPE kernel takes no quantization after it: with bf16 for the float layers, a RoPE'd graph whose
+    attention products are INT8 gets a bf16 -> f32 Reorder and an unfused FakeQuantize on every query and key. The
+    `openvino cpu int8` row reads that from the compiled plan and runs such a graph in f32; a graph without INT8
+    attention keeps bf16 on a CPU with BF16 (f32 on one without)."""
+    pytest.importorskip("openvino")
+    import json
+
+    import openvino as ov
+    from click.testing import CliRunner
+    from conftest import copy_export
+
+    from vitexport.backends.openvino_backend import (OpenVinoRunner, bf16_unfuses_quantization, cpu_capabilities,
+                                                     has_bf16)
+    from vitexport.cli import cli
+
+    bf16 = has_bf16(cpu_capabilities())
+    chosen = {}
+    for attention in ("--quantize-attention", "--no-quantize-attention"):
+        folder = copy_export(sapiens_like, tmp_path / attention.strip("-"))
+        r = CliRunner().invoke(cli, ["quantize", str(folder), "--int8", attention, "--no-check", "--calib-samples", "4",
+                                     "-q"])
+        assert r.exit_code == 0, r.output
+        path = folder / "model.int8.onnx"
+        if bf16:  # the plan the rule reads, compiled as the row would without it
+            plan = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
+            assert bf16_unfuses_quantization(plan) == (attention == "--quantize-attention")
+        manifest = json.loads((folder / "manifest.json").read_text())
+        runner = OpenVinoRunner(path, "int8", input_name=manifest["input_name"],
+                                output_name=manifest["output_name"]).load()
+        chosen[attention] = runner.info["inference_precision"]
+        runner.close()
+    assert chosen == {"--quantize-attention": "f32", "--no-quantize-attention": "bf16" if bf16 else "f32"}
+
+
 def _perturbed_norms(model: torch.nn.Module) -> None:
     """Norm weights and biases away from one and zero, so that a channel order they must follow is seen."""
     g = torch.Generator().manual_seed(3)
@@ -422,11 +457,13 @@ def test_what_an_export_prepares_is_the_same_function(fields):
         assert not any(type(m).__name__ == "GluMlp" for m in after.modules())
 
 
-@pytest.mark.parametrize("fields", [
-    dict(rope="cat"), dict(rope="mixed", qkv_bias=False), dict(rope="dinov3", rope_rotate_half=True),
-    dict(rope="cat", mlp_layer="swiglu_packed", act_layer="silu"),
+@pytest.mark.parametrize("fields,dynamic", [
+    *[(f, d) for f in (dict(rope="cat"), dict(rope="mixed", qkv_bias=False), dict(rope="dinov3", rope_rotate_half=True))
+      for d in (False, True)],
+    (dict(rope="cat", mlp_layer="swiglu_packed", act_layer="silu"), False),
+    # the packed GLU's split does not depend on the size: at a dynamic one with the e2e tests, for the suite's length
+    pytest.param(dict(rope="cat", mlp_layer="swiglu_packed", act_layer="silu"), True, marks=pytest.mark.e2e),
 ])
-@pytest.mark.parametrize("dynamic", [False, True])
 def test_every_rope_export_is_what_openvino_fuses(fields, dynamic):
     """OpenVINO's own pattern matcher, not ours: compiled for its CPU plugin, every block's q and k rotation is one
     RoPE kernel (interleaved pairs too, regrouped at export, and a table computed in the graph); a packed GLU is

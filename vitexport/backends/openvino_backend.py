@@ -3,9 +3,10 @@
 The inference precision is a compile option of OpenVINO's CPU plugin, not a property of the file: the FP32
 ONNX runs with the `f32` hint (`openvino cpu fp32`) or the `bf16` hint (`openvino cpu bf16`, only on CPUs that
 OpenVINO says have BF16 or AMX). The INT8 Q/DQ ONNX (`openvino cpu int8`) runs its quantized GEMMs in INT8 and
-the rest in bf16 where the CPU has BF16 (measured fastest there: docs/BENCHMARKS.md), else in f32; its parity
-is judged by the INT8 thresholds either way. The hint is always set: on a CPU with BF16, OpenVINO's default is
-bf16, which would make an "fp32" row bf16.
+the rest in bf16 where the CPU has BF16 (measured fastest there: docs/BENCHMARKS.md), else in f32, and in f32
+where the bf16 plan leaves a quantization step unfused after a RoPE kernel (`bf16_unfuses_quantization`); its
+parity is judged by the INT8 thresholds either way. The hint is always set: on a CPU with BF16, OpenVINO's
+default is bf16, which would make an "fp32" row bf16.
 """
 
 from __future__ import annotations
@@ -41,6 +42,25 @@ def cpu_capabilities(core: Any = None) -> list[str]:
 def has_bf16(capabilities: list[str]) -> bool:
     """BF16 arithmetic in hardware (AVX512_BF16 or AMX), as OpenVINO reports it."""
     return any(c.upper() == "BF16" or "AMX" in c.upper() for c in capabilities)
+
+
+def bf16_unfuses_quantization(compiled: Any) -> bool:
+    """Whether OpenVINO's compiled plan converts a RoPE kernel's bf16 output back to f32 for a quantization step.
+
+    OpenVINO's RoPE kernel takes no quantization after it: with bf16 for the float layers, the rotated query and key
+    of a graph whose attention products are INT8 each pay a bf16 -> f32 Reorder and an unfused FakeQuantize, and the
+    graph runs slower than with f32 (DINOv3-S/16 at 256, batch 8: 245 ms against 182 ms; docs/BENCHMARKS.md). Read
+    from the plan itself, so a plugin that fuses them keeps bf16."""
+    def layer(node: Any) -> str:
+        info = node.get_rt_info()
+        return info["layerType"].astype(str) if "layerType" in info else ""
+
+    for op in compiled.get_runtime_model().get_ops():
+        if layer(op) == "FakeQuantize" and op.get_input_size():
+            src = op.input_value(0).get_node()
+            if layer(src) == "Reorder" and src.get_input_size() and layer(src.input_value(0).get_node()) == "RoPE":
+                return True
+    return False
 
 
 def first_line(e: BaseException) -> str:
@@ -81,7 +101,12 @@ class OpenVinoRunner(Runner):
         if self.threads:
             config["INFERENCE_NUM_THREADS"] = int(self.threads)
         try:
-            compiled = core.compile_model(core.read_model(str(self.path)), "CPU", config)
+            model = core.read_model(str(self.path))
+            compiled = core.compile_model(model, "CPU", config)
+            if self.hint is None and hint == "bf16" and bf16_unfuses_quantization(compiled):
+                hint = config["INFERENCE_PRECISION_HINT"] = "f32"
+                self.provider = f"CPU plugin, {hint} inference precision (bf16 leaves RoPE's quantization unfused)"
+                compiled = core.compile_model(model, "CPU", config)
         except Exception as e:  # OpenVINO raises RuntimeError (and its own subclasses) for unreadable models
             raise BackendUnavailable(f"OpenVINO could not load {self.path.name}: {first_line(e)}") from None
         self._input = _port(compiled.inputs, self.input_name, self.path)
