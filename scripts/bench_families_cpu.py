@@ -49,11 +49,15 @@ def main() -> None:
     ap.add_argument("--quantize-attention", choices=("auto", "on", "off"), default="auto",
                     help="INT8 attention products: quantize's default (auto: long sequences, kept if the held-out "
                          "check passes), or on / off for every model")
+    ap.add_argument("--hint", choices=("default", "f32", "bf16"), default="default",
+                    help="OpenVINO's inference precision for the float layers of the INT8 graph (default: the "
+                         "`openvino cpu int8` row's, bf16 where the CPU has BF16 arithmetic)")
     args = ap.parse_args()
     attention = {"auto": None, "on": True, "off": False}[args.quantize_attention]
     calib = CalibOptions(check=attention is None, int8=Int8Settings(quantize_attention=attention))
     log = Log()
     runs: list[tuple[str, object, object, np.ndarray, str]] = []  # (model, ort run, ov run, input, parity)
+    hints: set[str] = set()
     for model in args.model or DEFAULT_MODELS:
         name, _, size = model.partition("@")
         spec = user_spec(name, img_size=parse_img_size(size) if size else None)
@@ -64,8 +68,9 @@ def main() -> None:
         attn_int8 = manifest.precisions["int8"].calibration.quantize_attention
         sess = ort_session(fp32, args.threads, "ORT_ENABLE_ALL", {})
         ort_run = (lambda s, m: lambda x: s.run([m.output_name], {m.input_name: x})[0])(sess, manifest)
-        ov = OpenVinoRunner(int8, "int8", args.threads, "f32", input_name=manifest.input_name,
-                            output_name=manifest.output_name).load()
+        ov = OpenVinoRunner(int8, "int8", args.threads, None if args.hint == "default" else args.hint,
+                            input_name=manifest.input_name, output_name=manifest.output_name).load()
+        hints.add(ov.info["inference_precision"])
         held = load_folder(default_heldout_dir(manifest.variant), manifest.preprocess)
         s = compare(infer_in_chunks(ort_run, held.x), infer_in_chunks(ov.infer, held.x))
         x = np.ascontiguousarray(np.resize(held.x, (args.batch, *held.x.shape[1:])))
@@ -87,7 +92,8 @@ def main() -> None:
         log.info(f"round {rnd + 1}/{args.rounds} done")
     what = {"auto": "INT8 as `quantize --int8` makes it by default (attention products in INT8 where marked)",
             "on": "INT8 with attention products", "off": "INT8 (GEMMs with a weight)"}[args.quantize_attention]
-    print(f"\n{what}; {cpu_model()}, {args.threads} threads (flags: {' '.join(cpu_flags()) or 'n/a'}; OpenVINO reports "
+    print(f"\n{what}, OpenVINO's float layers in {'/'.join(sorted(hints))}; {cpu_model()}, {args.threads} threads "
+          f"(flags: {' '.join(cpu_flags()) or 'n/a'}; OpenVINO reports "
           f"{', '.join(cpu_capabilities())}); batch {args.batch}; {args.rounds} interleaved rounds x {args.runs} "
           f"runs ({time.perf_counter() - t_all:.0f} s of timing)\n")
     print("| model | ORT FP32 median ms | OpenVINO INT8 median ms | OV INT8 / ORT FP32 speed-up (min-max) | "
