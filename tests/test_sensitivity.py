@@ -1,7 +1,7 @@
 """Sensitivity, the automatic float fallback and SmoothQuant, on a model with known outliers.
 
-The model: vit_tiny (12 blocks, 49 GEMM groups quantized) with random weights, whose two LayerNorms in blocks 1 and 6
-carry three channels x50. Every figure a test judges is computed here, with ONNX Runtime running the written files
+The model: vit_tiny at 6 of its 12 blocks (25 GEMM groups quantized: qkv, proj, fc1 and fc2 of each block and the
+patch embedding) with random weights, whose two LayerNorms in blocks 1 and 4 carry three channels x50. Every figure a test judges is computed here, with ONNX Runtime running the written files
 against the FP32 export on the shipped held-out photos (or the labelled digits), never read from what vitexport
 reports.
 """
@@ -31,7 +31,9 @@ from vitexport.precision.smoothquant import smooth_sites, smoothing_scales, writ
 
 PHOTOS = ROOT / "calibration" / "photos" / "holdout"
 DIGITS_HELDOUT = ROOT / "calibration" / "digits" / "heldout"
-OUTLIER_BLOCKS = (1, 6)
+DEPTH = 6
+GROUPS = 4 * DEPTH + 1  # qkv, proj, fc1, fc2 of each block, and the patch embedding
+OUTLIER_BLOCKS = (1, 4)
 OUTLIER_CHANNELS = [5, 77, 150]
 
 
@@ -53,7 +55,7 @@ def outliers(tmp_path_factory):
     from vitexport.model.spec import ModelSpec
 
     root = tmp_path_factory.mktemp("outliers")
-    spec = ModelSpec(variant="vit_tiny_patch16_224", img_size=(64, 64))
+    spec = ModelSpec(variant="vit_tiny_patch16_224", img_size=(64, 64), overrides={"depth": DEPTH})
     sd = {k: v.clone() for k, v in build(spec).model.state_dict().items()}
     for b in OUTLIER_BLOCKS:
         for norm in ("norm1", "norm2"):
@@ -94,8 +96,8 @@ def test_outlier_model_int8_misses_then_min_cos_meets_it_with_few_groups_in_floa
     cos = _cosines(ref, _logits(folder / "model.int8.onnx", x))
     assert cos.min() >= 0.995, cos
     fb = _record(folder, "int8").calibration.fallback
-    assert fb["target"] == {"min_cos": 0.995} and fb["groups"] == 49
-    assert 1 <= len(fb["float_groups"]) <= 49 // 4, fb["float_groups"]
+    assert fb["target"] == {"min_cos": 0.995} and fb["groups"] == GROUPS
+    assert 1 <= len(fb["float_groups"]) <= GROUPS // 4, fb["float_groups"]
     # the groups it names are the ones the written graph keeps in float, and only those
     floated = {n for n in fb["float_nodes"] if n.endswith("/MatMul") and not n.endswith("attn/MatMul")}
     assert _float_gemms(folder / "model.int8.onnx") == floated
@@ -116,7 +118,7 @@ def test_sensitivity_ranks_the_outlier_blocks_first(outliers, tmp_path):
     r = _quantize(folder, "--int8", "--sensitivity", "--json", str(out), "--plot", str(png))
     assert not (folder / "model.int8.onnx").exists()  # it measures, it writes no model
     rows = json.loads(out.read_text())["groups"]
-    assert len(rows) == 49 and [row["rank"] for row in rows] == list(range(1, 50))
+    assert len(rows) == GROUPS and [row["rank"] for row in rows] == list(range(1, GROUPS + 1))
     costs = [row["cost"] for row in rows]
     assert costs == sorted(costs, reverse=True)
     top = rows[:3]
@@ -145,7 +147,7 @@ def test_smoothquant_brings_int8_closer_and_keeps_fp32(outliers, tmp_path):
     smooth = _cosines(ref, _logits(folder / "model.int8.onnx", x))
     assert smooth.mean() > plain.mean() and smooth.min() > plain.min(), (plain, smooth)
     assert _record(folder, "int8").calibration.smoothquant == 0.5
-    assert _record(folder, "int8").qdq["smoothed_layernorms"] == 24  # both norms of the 12 blocks
+    assert _record(folder, "int8").qdq["smoothed_layernorms"] == 2 * DEPTH  # both norms of every block
 
     # the smoothed FP32 graph, before quantization, computes what the export computes
     fp32 = folder / "model.onnx"
