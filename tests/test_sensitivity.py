@@ -1,9 +1,9 @@
 """Sensitivity, the automatic float fallback and SmoothQuant, on a model with known outliers.
 
 The model: vit_tiny at 6 of its 12 blocks (25 GEMM groups quantized: qkv, proj, fc1 and fc2 of each block and the
-patch embedding) with random weights, whose two LayerNorms in blocks 1 and 4 carry three channels x50. Every figure a test judges is computed here, with ONNX Runtime running the written files
-against the FP32 export on the shipped held-out photos (or the labelled digits), never read from what vitexport
-reports.
+patch embedding) with random weights, whose two LayerNorms in blocks 1 and 4 carry three channels x50. Every figure
+a test judges is computed here, with ONNX Runtime running the written files against the FP32 export on the shipped
+held-out photos (or the labelled digits), never read from what vitexport reports.
 """
 
 import json

@@ -49,7 +49,7 @@ def bf16_unfuses_quantization(compiled: Any) -> bool:
 
     OpenVINO's RoPE kernel takes no quantization after it: with bf16 for the float layers, the rotated query and key
     of a graph whose attention products are INT8 each pay a bf16 -> f32 Reorder and an unfused FakeQuantize, and the
-    graph runs slower than with f32 (DINOv3-S/16 at 256, batch 8: 245 ms against 182 ms; docs/BENCHMARKS.md). Read
+    graph runs slower than with f32 (DINOv3-S/16 at 256, batch 8: 243 ms against 187 ms; docs/BENCHMARKS.md). Read
     from the plan itself, so a plugin that fuses them keeps bf16."""
     def layer(node: Any) -> str:
         info = node.get_rt_info()
