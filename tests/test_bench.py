@@ -79,6 +79,9 @@ def test_digits_bench_reports_real_accuracy(digits, report):
     assert "generated" in data["data"] and "360 held-out digits" in data["data"]["generated"]
     ran = {r["name"]: r for r in data["results"] if r["available"]}
     assert CPU_BACKENDS <= set(ran)
+    for name, r in ran.items():  # the provider the row ran with, as loading settled it: OpenVINO's precision too
+        if r["backend"] == "openvino":
+            assert r["provider"].startswith(f"CPU plugin, {r['info']['inference_precision']} inference"), r
     # the reference accuracy, recomputed here from the real labels with a freshly rebuilt model
     manifest = ModelFolder(digits).read_manifest()
     ds = load_folder(default_set, manifest.preprocess)

@@ -247,7 +247,8 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
             raise
         res.reason = res.error = str(e)  # a server that went away since it was probed
         return res
-    res.available, res.info = True, dict(runner.info)
+    # the provider as loading settled it (OpenVINO's INT8 row decides its inference precision there)
+    res.available, res.info, res.provider = True, dict(runner.info), runner.provider
     try:
         with log.step(f"{runner.name}"):
             ev, is_reference = parity_pass(runner, vset, ref, log)
