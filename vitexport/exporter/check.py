@@ -15,7 +15,7 @@ from ..model.vit import VisionTransformer
 from ..parity.accumulate import compare
 from ..parity.compare import Thresholds, export_thresholds
 from ..progress import QUIET, Log
-from ..model.outputs import compute
+from ..model.outputs import forward_outputs
 from .to_onnx import INPUT_NAME, OUTPUT_NAME
 
 
@@ -28,8 +28,7 @@ def check_onnx_against_torch(onnx_path: Path, model: VisionTransformer, batches:
     that of its worst output."""
     def reference(x: torch.Tensor) -> list[np.ndarray]:
         with torch.no_grad():
-            features = model.forward_features(x)
-            return [compute(model, features, name).numpy() for name in outputs]
+            return [o.numpy() for o in forward_outputs(model, x, outputs)]
 
     return check_onnx(onnx_path, reference, outputs, model.cfg.in_chans, sizes or [model.cfg.img_size], batches,
                       thresholds, seed, log, per_size=sizes is not None)

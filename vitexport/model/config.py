@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..errors import VitexportError
+from .heads.config import DenseConfig
 
 DEFAULT_NORM_EPS = 1e-6  # timm's LayerNorm and RmsNorm
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "token_avg", "")
@@ -124,7 +125,12 @@ class ViTConfig:
     pool_heads: int | None = None  # the attention pool's heads; None: num_heads
     pool_mlp_ratio: float | None = None  # the attention pool's MLP ratio; None: mlp_ratio; 0: no MLP, no norm
 
+    # -- a dense predictor (model.dense): the head over this backbone's intermediate tokens; None: the ViT itself
+    dense: DenseConfig | None = None
+
     def __post_init__(self) -> None:
+        if isinstance(self.dense, dict):  # from a manifest
+            self.dense = DenseConfig.from_dict(self.dense)
         self._check_types()
         self.img_size = to_2tuple(self.img_size)
         self.patch_size = to_2tuple(self.patch_size)
@@ -152,6 +158,16 @@ class ViTConfig:
                 self.scale_attn_norm or self.scale_mlp_norm):
             raise VitexportError(f"block_fn={self.block_fn!r} has no scale_attn_norm / scale_mlp_norm.")
         self._check_family()
+        if self.dense is not None:
+            self._check_dense(self.dense)
+
+    def _check_dense(self, d: DenseConfig) -> None:
+        if not self.class_token:
+            raise VitexportError("A DPT head reads the class token of each tap: its backbone needs class_token=True.")
+        if max(d.taps) > self.depth:
+            raise VitexportError(f"The dense head taps layer {max(d.taps)} of a {self.depth}-block backbone.")
+        if self.num_classes:
+            raise VitexportError("A dense model has no classification head (num_classes 0).")
 
     def _kv_heads(self, v: Any) -> tuple[int, ...] | None:
         """num_kv_heads as one entry per block: an int stands for every block; None entries mean num_heads."""
@@ -306,7 +322,10 @@ class ViTConfig:
         return self.global_pool == "avg" if self.family != "vit" else self.global_pool in ("avg", "avgmax", "max")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.dense is not None:
+            d["dense"] = self.dense.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":

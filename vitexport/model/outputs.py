@@ -7,6 +7,8 @@
 - `patch`: the patch tokens alone (B, N, D).
 
 The prefix is [class, distillation, registers] in that order (VisionTransformer._pos_embed).
+
+A dense model (model.dense) has the one output its library names: `predicted_depth` (B, H', W') for depth.
 """
 
 from __future__ import annotations
@@ -18,17 +20,22 @@ from ..errors import VitexportError
 from .config import ViTConfig
 
 OUTPUTS = ("logits", "pooled", "tokens", "registers", "patch")
+DENSE_OUTPUTS = ("predicted_depth",)  # a dense head's (heads.config.DenseConfig.output)
 EMBEDDINGS = ("pooled",)  # outputs judged as embeddings (parity.knn)
 
 
 def available(cfg: ViTConfig) -> list[str]:
     """The outputs this model has."""
+    if cfg.dense is not None:
+        return [cfg.dense.output]
     return [o for o in OUTPUTS if (o != "logits" or cfg.num_classes > 0) and (o != "registers" or cfg.reg_tokens)
             and (o != "pooled" or cfg.global_pool or cfg.distilled)]
 
 
 def default_outputs(cfg: ViTConfig) -> tuple[str, ...]:
-    """`logits` with a head, `pooled` without (a model without pooling: `tokens`)."""
+    """`logits` with a head, `pooled` without (a model without pooling: `tokens`); a dense head's own output."""
+    if cfg.dense is not None:
+        return (cfg.dense.output,)
     if cfg.num_classes > 0:
         return ("logits",)
     return ("pooled",) if "pooled" in available(cfg) else ("tokens",)
@@ -43,8 +50,10 @@ def parse_outputs(text: str | None, cfg: ViTConfig) -> tuple[str, ...]:
         raise VitexportError(f"--outputs is empty; give some of {', '.join(OUTPUTS)}.")
     has = available(cfg)
     for n in names:
-        if n not in OUTPUTS:
+        if n not in OUTPUTS + DENSE_OUTPUTS:
             raise VitexportError(f"--outputs {n!r} is not an output vitexport knows; choose from {', '.join(OUTPUTS)}.")
+        if n not in has and cfg.dense is not None:
+            raise VitexportError(f"--outputs {n}: this dense model gives {', '.join(has)} only.")
         if n not in has:
             why = {"logits": "it has no classification head (--num-classes 0)", "registers": "it has no register "
                    "tokens", "pooled": "it does not pool its tokens (global_pool '')"}[n]
@@ -56,6 +65,10 @@ def parse_outputs(text: str | None, cfg: ViTConfig) -> tuple[str, ...]:
 
 def shapes(cfg: ViTConfig, outputs: tuple[str, ...]) -> dict[str, list]:
     """Each output's shape as the manifest records it: 'batch' first, symbolic token counts for a dynamic size."""
+    if cfg.dense is not None:
+        hw = ["out_height", "out_width"] if cfg.dynamic_img_size else \
+            list(cfg.dense.output_size(cfg.grid_size, cfg.patch_size))
+        return {o: ["batch", *hw] for o in outputs}
     n = "patches" if cfg.dynamic_img_size else cfg.grid_size[0] * cfg.grid_size[1]
     total = "tokens" if cfg.dynamic_img_size else n + cfg.num_prefix_tokens
     d, c = cfg.num_features, cfg.num_classes or cfg.num_features
@@ -86,6 +99,14 @@ def compute(model: nn.Module, features: torch.Tensor, name: str) -> torch.Tensor
     raise ValueError(f"unknown output {name!r}")
 
 
+def forward_outputs(model: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
+    """The named outputs of `model` on images x: a ViT's from its final-norm tokens, a dense model's its own."""
+    if model.cfg.dense is not None:
+        return [model(x)]
+    features = model.forward_features(x)
+    return [compute(model, features, n) for n in names]
+
+
 class WithOutputs(nn.Module):
     """A VisionTransformer whose forward returns the named outputs (a tuple; one output: the tensor itself)."""
 
@@ -98,6 +119,5 @@ class WithOutputs(nn.Module):
         self.model.set_fused_attn(enabled)
 
     def forward(self, x: torch.Tensor):
-        features = self.model.forward_features(x)
-        outs = tuple(compute(self.model, features, n) for n in self.outputs)
+        outs = tuple(forward_outputs(self.model, x, self.outputs))
         return outs[0] if len(outs) == 1 else outs

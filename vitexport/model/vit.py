@@ -104,15 +104,30 @@ class VisionTransformer(TransformerBase):
         prefix_tokens = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         return self.pos_drop(embed_tokens(x, prefix_tokens, pos_embed, self.no_embed_class))
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Image (B, C, H, W) -> the tokens the first block reads (B, prefix+N, D)."""
         grid = None
         if self.dynamic_img_size:  # the input's patch grid (symbolic in a dynamic-size export)
             grid = (x.shape[-2] // self.patch_embed.patch_size[0], x.shape[-1] // self.patch_embed.patch_size[1])
         x = self.patch_embed(x)  # (B, N, D)
         x = self._pos_embed(x, grid)  # (B, prefix+N, D)
-        x = self.norm_pre(x)
-        x = self.blocks(x)
+        return self.norm_pre(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self._embed(x))
         return self.norm(x)  # (B, prefix+N, D)
+
+    def forward_intermediates(self, x: torch.Tensor, indices: tuple[int, ...], norm: bool = False) -> list[torch.Tensor]:
+        """The tokens after the blocks a head taps (timm's forward_intermediates, in transformers' numbering: index 0
+        is the embedding output, index k the output of block k), each (B, prefix+N, D), through the final norm when
+        `norm`. The blocks past the last tap are not run."""
+        x = self._embed(x)
+        taps = [x] if 0 in indices else []
+        for i, blk in enumerate(self.blocks[:max(indices)]):
+            x = blk(x)
+            if i + 1 in indices:
+                taps.append(x)
+        return [self.norm(t) for t in taps] if norm else taps
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.cfg.distilled:  # the class and distillation tokens, each through its own head, averaged

@@ -9,6 +9,7 @@ ViTConfig fields its tensors decide (`fields`: a pooler, a projection, registers
 - `hf_vit`: transformers' ViT and DeiT, and ViT-MSN, ViT-MAE and I-JEPA; `hf_dinov2`: DINOv2, with and without
   registers; `hf_dinov3`: DINOv3; `hf_beit`: BEiT and data2vec-vision; `hf_aimv2`: AIMv2; `hf_clip`: the CLIP,
   MetaCLIP 2, SigLIP and SigLIP2 NaFlex vision towers;
+- `hf_dense`: transformers' Depth Anything (its DINOv2 backbone through `hf_dinov2`, the head as named);
 - `timm_naflex`: timm's NaFlexViT (its `embeds` module: a patch Linear, a position embedding at its own grid).
 
 `reading` finds and reads the raw tensors; `adapt` fits them to a model. The sizes and options of a transformers
@@ -24,14 +25,14 @@ from typing import Any
 
 from ...errors import VitexportError
 from ..labels import checkpoint_labels
-from . import hf_aimv2, hf_beit, hf_dinov2, hf_dinov3, hf_vit, jax, timm, timm_naflex
+from . import hf_aimv2, hf_beit, hf_dense, hf_dinov2, hf_dinov3, hf_vit, jax, timm, timm_naflex
 from .adapt import adapt_state_dict, describe_checkpoint, load_into
 from .common import Checkpoint, StateDict
 from .hf_clip import CLIP, SIGLIP
 from .reading import SHARD_INDEXES, WEIGHT_FILES, read_raw, resolve_weights, weights_digest
 
 # tried in this order: the first whose `matches` holds converts the file (timm last: the others' names are unlike it)
-FORMATS: tuple[Any, ...] = (jax, CLIP, SIGLIP, hf_aimv2, hf_dinov3, hf_beit, hf_dinov2, hf_vit, timm_naflex, timm)
+FORMATS: tuple[Any, ...] = (hf_dense, jax, CLIP, SIGLIP, hf_aimv2, hf_dinov3, hf_beit, hf_dinov2, hf_vit, timm_naflex, timm)
 
 
 def detect_format(raw: dict) -> ModuleType | Any:
@@ -42,7 +43,7 @@ def detect_format(raw: dict) -> ModuleType | Any:
             return fmt
     raise VitexportError("The checkpoint's tensor names match no known ViT format (timm, JAX .npz, or transformers' "
                          "ViT, DeiT, ViT-MSN, ViT-MAE, I-JEPA, DINOv2, DINOv3, BEiT, data2vec-vision, AIMv2, CLIP, "
-                         "MetaCLIP 2 or SigLIP).")
+                         "MetaCLIP 2, SigLIP or Depth Anything).")
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

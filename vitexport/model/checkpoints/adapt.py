@@ -10,9 +10,12 @@ import warnings
 
 from ...errors import VitexportError
 from ..base import TransformerBase
+from ..dense import DenseModel
 from ..layers.relpos import EXTRA_TOKENS, resize_table, resize_table_bilinear
 from ..posembed import resample_pos_embed
 from .common import Checkpoint, StateDict
+
+BACKBONE = "backbone."  # a dense model's backbone tensors (model.dense)
 
 def describe_checkpoint(sd: StateDict) -> str:
     """A short description of the architecture a state dict holds, for error messages."""
@@ -64,7 +67,13 @@ def adapt_state_dict(
     elif head_w is None and "head.weight" in target:
         notes.append("The checkpoint has no classification head: the head is untrained.")
 
-    missing = [k for k in target if k not in sd and not k.startswith(("head.", "head_dist."))]
+    check_fit(sd, target, lambda k: k.startswith(("head.", "head_dist.")))
+    return sd, notes
+
+
+def check_fit(sd: StateDict, target: StateDict, optional=lambda k: False) -> None:
+    """One error naming every missing (unless `optional`), unexpected or mis-shaped tensor of `sd` for `target`."""
+    missing = [k for k in target if k not in sd and not optional(k)]
     unexpected = [k for k in sd if k not in target]
     mis_shaped = [f"{k} {tuple(sd[k].shape)} vs model {tuple(target[k].shape)}"
                   for k in sd if k in target and sd[k].shape != target[k].shape]
@@ -77,7 +86,6 @@ def adapt_state_dict(
         raise VitexportError(
             f"The checkpoint ({describe_checkpoint(sd)}) does not fit the model "
             f"({describe_checkpoint(target)}): " + "; ".join(parts) + ".")
-    return sd, notes
 
 
 # how a relative position table is resampled to another window, and how the note names it
@@ -110,10 +118,18 @@ def _drop_heads(sd: StateDict) -> None:
         sd.pop(k, None)
 
 
-def load_into(model: TransformerBase, ckpt: Checkpoint, pos_embed_interp: str) -> list[str]:
-    """Load a checkpoint into a model in place; returns warnings for the user."""
-    sd, notes = adapt_state_dict(ckpt.state_dict, model, pos_embed_interp, ckpt.hints.get("grid"),
-                                 ckpt.hints.get("rel_pos_resample", "geometric"))
+def load_into(model: TransformerBase | DenseModel, ckpt: Checkpoint, pos_embed_interp: str) -> list[str]:
+    """Load a checkpoint into a model in place; returns warnings for the user. A dense model: its backbone's
+    tensors fitted to the backbone, the head's taken as they are."""
+    if isinstance(model, DenseModel):
+        backbone = {k.removeprefix(BACKBONE): v for k, v in ckpt.state_dict.items() if k.startswith(BACKBONE)}
+        head = {k: v for k, v in ckpt.state_dict.items() if not k.startswith(BACKBONE)}
+        sd, notes = adapt_state_dict(backbone, model.backbone, pos_embed_interp, ckpt.hints.get("grid"))
+        check_fit(head, {k: v for k, v in model.state_dict().items() if not k.startswith(BACKBONE)})
+        sd = {**{BACKBONE + k: v for k, v in sd.items()}, **head}
+    else:
+        sd, notes = adapt_state_dict(ckpt.state_dict, model, pos_embed_interp, ckpt.hints.get("grid"),
+                                     ckpt.hints.get("rel_pos_resample", "geometric"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.load_state_dict(sd, strict=False)

@@ -1,0 +1,149 @@
+"""transformers' Depth Anything (`DepthAnythingForDepthEstimation`, V1 and V2 alike: one class, their differences
+are config values) from `save_pretrained` folders: the export gives transformers' own `predicted_depth` with the
+same weights, option by option (taps, reassemble factors, neck and head sizes, relative and metric depth), at the
+config's size and, exported with --dynamic-img-size, at other multiples of the patch (one of them non-square), with
+the position embedding resampled in the graph as transformers' DINOv2 does; a config saved without its defaults is
+read as transformers reads it; what vitexport cannot build is one sentence.
+"""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import fails_cleanly
+
+from vitexport.cli import cli
+from vitexport.tensorrt_engine.graph_rules import rule_breakers
+
+transformers = pytest.importorskip("transformers")
+
+# a DINOv2 backbone of 4 blocks, 32 wide, patch 14, trained at 56 px (a 4 x 4 grid)
+BACKBONE = dict(model_type="dinov2", hidden_size=32, num_hidden_layers=4, num_attention_heads=2, image_size=56,
+                patch_size=14, mlp_ratio=2, reshape_hidden_states=False)
+HEAD = dict(reassemble_hidden_size=32, neck_hidden_sizes=[8, 16, 24, 32], fusion_hidden_size=16, head_hidden_size=8)
+
+CASES = {
+    # V2's spread taps
+    "relative": dict(HEAD, backbone_config=dict(BACKBONE, out_indices=[1, 2, 3, 4])),
+    # metric depth (a sigmoid x max_depth); taps named as out_features, one of them the embedding output; no
+    # norm on the taps; other factors; the head on another fused map
+    "metric-options": dict(HEAD, backbone_config=dict(BACKBONE, out_features=["stem", "stage2", "stage3", "stage4"],
+                                                      apply_layernorm=False),
+                           depth_estimation_type="metric", max_depth=20, reassemble_factors=[2, 1, 0.5, 0.25],
+                           head_in_index=-2),
+    # V1's last four taps of a deeper backbone, three taps only
+    "three-taps": dict(reassemble_hidden_size=32, neck_hidden_sizes=[8, 16, 24], reassemble_factors=[4, 2, 1],
+                       fusion_hidden_size=16, head_hidden_size=8,
+                       backbone_config=dict(BACKBONE, num_hidden_layers=5, out_indices=[3, 4, 5])),
+}
+
+
+def perturb(model, seed=0):
+    """Every tensor random, norms and biases included, so no wrong mapping hides behind an initial value."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return model.eval()
+
+
+def save_depth_anything(folder, config: dict, seed=0):
+    torch.manual_seed(seed)
+    model = perturb(transformers.DepthAnythingForDepthEstimation(transformers.DepthAnythingConfig(**config)), seed)
+    model.save_pretrained(folder)
+    return model
+
+
+def run_onnx(path, x):
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"pixel_values": x})[0]
+
+
+def assert_same_depth(model, onnx_path, h, w, seed=1):
+    x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        want = model(pixel_values=x).predicted_depth.numpy()
+    got = run_onnx(onnx_path, x.numpy())
+    assert got.shape == want.shape == (2, h, w)
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max())), (h, w)
+    return want
+
+
+def checked_graph(path):
+    """The graph passes onnx.checker's full check and the TensorRT op rule."""
+    onnx.checker.check_model(str(path), full_check=True)
+    assert not rule_breakers(onnx.load(str(path))), path
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_export_gives_transformers_depth(case, tmp_path):
+    model = save_depth_anything(tmp_path / "saved", CASES[case])
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "saved"), "-o", str(tmp_path / "out"), "-q"])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["output_name"] == "predicted_depth" and manifest["output_shape"] == ["batch", 56, 56]
+    want = assert_same_depth(model, tmp_path / "out" / "model.onnx", 56, 56)
+    if CASES[case].get("depth_estimation_type") == "metric":  # a sigmoid x 20: values beyond a sigmoid's range
+        assert want.max() > 1 and want.max() < 20
+    checked_graph(tmp_path / "out" / "model.onnx")
+
+
+def test_a_dynamic_size_export_gives_transformers_depth_at_other_sizes(tmp_path):
+    """One graph at the stored grid and at two other sizes, one of them non-square (transformers resamples the
+    position embedding bicubically in its forward pass; so does the graph)."""
+    model = save_depth_anything(tmp_path / "saved", CASES["relative"])
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "saved"), "-o", str(out), "--dynamic-img-size",
+                                 "--img-size-range", "28..112", "-q"])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["output_shape"] == ["batch", "out_height", "out_width"]
+    assert manifest["pos_embed_interp"] == "bicubic"
+    for h, w in ((56, 56), (84, 84), (42, 98)):
+        assert_same_depth(model, out / "model.onnx", h, w)
+    checked_graph(out / "model.onnx")
+
+
+def test_a_config_saved_without_its_defaults_is_read_as_transformers_reads_it(tmp_path):
+    """Older transformers write only the values that differ from the defaults, nested backbone_config included:
+    the top level's defaults are DepthAnythingConfig's, the backbone's Dinov2Config's own (not the default
+    backbone's), so a minimal file builds the model transformers builds from the same file."""
+    minimal = {"model_type": "depth_anything", "reassemble_hidden_size": 32, "neck_hidden_sizes": [8, 16, 24, 32],
+               "backbone_config": {"model_type": "dinov2", "hidden_size": 32, "num_hidden_layers": 4,
+                                   "num_attention_heads": 2, "image_size": 56, "out_indices": [1, 2, 3, 4],
+                                   "reshape_hidden_states": False}}
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "config.json").write_text(json.dumps(minimal))
+    torch.manual_seed(0)
+    model = perturb(transformers.DepthAnythingForDepthEstimation(transformers.AutoConfig.from_pretrained(saved)))
+    assert model.config.backbone_config.patch_size == 14 and model.config.fusion_hidden_size == 64
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(saved / "model.safetensors"))
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(saved), "-o", str(tmp_path / "out"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert_same_depth(model, tmp_path / "out" / "model.onnx", 56, 56)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(backbone_config=dict(BACKBONE, out_indices=[1, 2, 3, 4], reshape_hidden_states=True)), "reshapes"),
+    (dict(backbone_config=None, backbone="vit_small_patch14_dinov2"), "names its backbone"),
+    (dict(backbone_config=dict(BACKBONE, model_type="swinv2")), "'swinv2' backbone"),
+    (dict(reassemble_hidden_size=48), "reassemble_hidden_size 48"),
+    (dict(depth_estimation_type="absolute"), "depth_type 'absolute'"),
+], ids=["reshaped-taps", "timm-backbone", "swin-backbone", "reassemble-width", "depth-type"])
+def test_what_cannot_be_built_is_one_sentence(tmp_path, change, needle):
+    saved = tmp_path / "saved"
+    save_depth_anything(saved, CASES["relative"])
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg.update(change)
+    if cfg.get("backbone_config") is None:
+        cfg.pop("backbone_config")
+    (saved / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(saved), "-o", str(tmp_path / "out"), "-q"])
+    fails_cleanly(r, needle)
+    assert not (tmp_path / "out" / "model.onnx").exists()

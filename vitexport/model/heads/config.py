@@ -1,0 +1,109 @@
+"""What a dense head is, as data: `DenseConfig` holds the options of the heads in `heads/` (DPT's reassemble,
+fusion and depth head as Depth Anything and DPT configure them), checked when made. No torch here.
+
+A dense model is a backbone vitexport already builds (its `ViTConfig`) with one of these on top; the ViTConfig
+carries it in its `dense` field, so a manifest records the whole model as one config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ...errors import VitexportError
+
+# what the head predicts: 'depth' (one map, `predicted_depth`)
+TASKS = ("depth",)
+READOUTS = ("ignore", "add", "project")  # what DPT does with the class token of each tap
+DEPTH_TYPES = ("relative", "metric")  # the last activation: ReLU, or a sigmoid scaled by max_depth
+# how each fusion block upsamples: 'next' to the next (larger) map's size, x2 after the last (Depth Anything); 'x2'
+# always (DPT)
+FUSION_UPSAMPLES = ("next", "x2")
+# the depth head's upsampling: to the input's patch grid x patch (Depth Anything), or x2 of the fused map (DPT)
+HEAD_UPSAMPLES = ("patch", "x2")
+MAX_CHANNELS = 16384
+
+
+@dataclass
+class DenseConfig:
+    """A DPT-style dense head over a ViT's intermediate tokens (transformers' DepthAnythingConfig and DPTConfig)."""
+
+    task: str = "depth"  # TASKS
+    # which tokens the neck reads: indices of the backbone's hidden states (0 the embedding output, k block k's)
+    taps: tuple[int, ...] = (9, 10, 11, 12)
+    tap_norm: bool = True  # the backbone's final norm on every tap (transformers' Dinov2Backbone; DPT's ViT: off)
+    readout: str = "ignore"  # READOUTS
+    reassemble_factors: tuple[float, ...] = (4, 2, 1, 0.5)  # per tap: >1 transposed conv up, 1 none, <1 conv down
+    neck_hidden_sizes: tuple[int, ...] = (48, 96, 192, 384)  # per tap: channels after the 1x1 projection
+    fusion_hidden_size: int = 64
+    fusion_upsample: str = "next"  # FUSION_UPSAMPLES
+    fusion_batch_norm: bool = False  # BatchNorm in the fusion's residual units (DPT's use_batch_norm_in_fusion...)
+    fusion_bias: bool = True  # biases of the residual units' convolutions
+    head_in_index: int = -1  # which fused map the head reads
+    head_hidden_size: int = 32
+    head_upsample: str = "patch"  # HEAD_UPSAMPLES
+    head_projection: bool = False  # DPT's add_projection: a 3x3 conv + ReLU before the head (256 channels)
+    depth_type: str = "relative"  # DEPTH_TYPES
+    max_depth: float = 1.0  # the output's scale (metric depth: its range in metres)
+
+    def __post_init__(self) -> None:
+        self.taps = tuple(self.taps)
+        self.reassemble_factors = tuple(self.reassemble_factors)
+        self.neck_hidden_sizes = tuple(self.neck_hidden_sizes)
+        for name, table in (("task", TASKS), ("readout", READOUTS), ("depth_type", DEPTH_TYPES),
+                            ("fusion_upsample", FUSION_UPSAMPLES), ("head_upsample", HEAD_UPSAMPLES)):
+            if getattr(self, name) not in table:
+                raise VitexportError(f"The dense head's {name} {getattr(self, name)!r} is not one vitexport builds; "
+                                     f"it builds {', '.join(repr(t) for t in table)}.")
+        n = len(self.taps)
+        if not n or len(self.reassemble_factors) != n or len(self.neck_hidden_sizes) != n:
+            raise VitexportError(f"The dense head taps {n} layers but has {len(self.reassemble_factors)} reassemble "
+                                 f"factors and {len(self.neck_hidden_sizes)} neck sizes: it needs one of each a tap.")
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.taps) or \
+                len(set(self.taps)) != n or list(self.taps) != sorted(self.taps):
+            raise VitexportError(f"The dense head's taps {list(self.taps)} are not distinct increasing layer indices.")
+        for f in self.reassemble_factors:
+            if not (f == 1 or (f > 1 and f == int(f)) or (0 < f < 1 and (1 / f) == int(1 / f))):
+                raise VitexportError(f"The dense head's reassemble factor {f} is not 1, a whole upsampling factor, "
+                                     f"or 1/k.")
+        for c in (*self.neck_hidden_sizes, self.fusion_hidden_size, self.head_hidden_size):
+            if not isinstance(c, int) or isinstance(c, bool) or not 0 < c <= MAX_CHANNELS:
+                raise VitexportError(f"The dense head's channel count {c!r} is not 1..{MAX_CHANNELS}.")
+        if self.fusion_hidden_size < 2:
+            raise VitexportError("The dense head's fusion_hidden_size must be at least 2 (the head halves it).")
+        if not -n <= self.head_in_index < n:
+            raise VitexportError(f"The dense head's head_in_index {self.head_in_index} is not one of its {n} maps.")
+        if self.head_projection and self.fusion_hidden_size != 256:
+            raise VitexportError("DPT's head projection (add_projection) is 256 channels wide: it needs "
+                                 "fusion_hidden_size 256.")
+        if not 0 < float(self.max_depth) < 1e6:
+            raise VitexportError(f"The dense head's max_depth {self.max_depth!r} is not a positive depth.")
+
+    @property
+    def output(self) -> str:
+        """The graph's output name: the library's own."""
+        return "predicted_depth"
+
+    def output_size(self, grid: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:
+        """(H', W') of the output for a patch grid: the grid x patch (Depth Anything), or what DPT's x2 steps make
+        of the coarsest reassembled map (32 x ceil(grid / 2) a side for factors 4, 2, 1, 1/2)."""
+        if self.head_upsample == "patch":
+            return (grid[0] * patch[0], grid[1] * patch[1])
+
+        def side(g: int) -> int:
+            sizes = [g * int(f) if f >= 1 else (g - 1) // int(1 / f) + 1 for f in self.reassemble_factors]
+            return sizes[-1] * 2 ** (len(sizes) + 1)  # x2 in each fusion layer and in the head
+
+        return (side(grid[0]), side(grid[1]))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DenseConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in d if k not in known)
+        if unknown:
+            raise VitexportError(f"The dense head's config has fields vitexport does not know: {', '.join(unknown)}.")
+        return cls(**d)

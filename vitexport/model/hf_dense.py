@@ -1,0 +1,126 @@
+"""transformers' dense predictors as vitexport's backbone + head: a `config.json` (and `preprocessor_config.json`)
+of Depth Anything (V1 and V2, relative and metric) -> the backbone's ViTConfig fields (read by the backbone family's
+own reader, `hf_configs`) and the head's (`heads.config.DenseConfig`), as transformers' config classes read them:
+their defaults where a key is absent, the nested `backbone_config`'s own class defaults included (a config saved
+by an older transformers omits every value equal to its default). No torch here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import VitexportError
+from .heads.config import DenseConfig
+from .hf_configs import FAMILIES, IMAGENET_MEAN, IMAGENET_STD, Described, Family, Processing, describe, \
+    processor_preprocess
+
+# DepthAnythingConfig's defaults (configuration_depth_anything.py), and the DINOv2 backbone it makes when a config
+# has no backbone_config at all (its sub-config spec's init_kwargs)
+_DA_DEFAULTS = {"patch_size": 14, "reassemble_hidden_size": 384, "reassemble_factors": [4, 2, 1, 0.5],
+                "neck_hidden_sizes": [48, 96, 192, 384], "fusion_hidden_size": 64, "head_in_index": -1,
+                "head_hidden_size": 32, "depth_estimation_type": "relative", "max_depth": 1}
+_DA_BACKBONE = {"model_type": "dinov2", "image_size": 518, "hidden_size": 384, "num_attention_heads": 6,
+                "out_indices": [9, 10, 11, 12], "reshape_hidden_states": False}
+# Depth Anything's checkpoints ship a DPTImageProcessor set to: keep the aspect ratio, a multiple of 14, bicubic,
+# ImageNet mean/std; at a fixed input size vitexport resizes to it
+_DA_PP = Processing("squash", 1.0, "bicubic", IMAGENET_MEAN, IMAGENET_STD, "resize to the input size, bicubic, "
+                    "ImageNet mean/std")
+DEPTH_ANYTHING = Family("depth_anything", "Depth Anything", _DA_DEFAULTS, lambda get: {}, "bicubic", _DA_PP,
+                        square_int=True)
+DENSE_FAMILIES = {f.model_type: f for f in (DEPTH_ANYTHING,)}
+BACKBONES = ("dinov2",)  # the backbone families vitexport puts a dense head on
+
+
+def taps(backbone: dict[str, Any], depth: int, where: str) -> tuple[int, ...]:
+    """The backbone's out_indices (or out_features 'stem' / 'stageN') as hidden-state indices, as transformers'
+    BackboneMixin resolves them: negative ones from the end, neither given: the last stage."""
+    stages = depth + 1  # stem, stage1 .. stageN
+    names = backbone.get("out_features")
+    idx = backbone.get("out_indices")
+    if idx is None and names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise VitexportError(f"{where}'s out_features {names!r} is not a list of stage names.")
+        try:
+            idx = [0 if n == "stem" else int(n.removeprefix("stage")) for n in names]
+        except ValueError:
+            raise VitexportError(f"{where}'s out_features {names!r} are not stem/stageN names.") from None
+    if idx is None:
+        idx = [depth]
+    if not isinstance(idx, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in idx) or \
+            not all(-stages <= i < stages for i in idx):
+        raise VitexportError(f"{where}'s out_indices {idx!r} are not layer indices of its {depth} blocks.")
+    return tuple(i % stages for i in idx)
+
+
+def backbone_of(cfg: dict[str, Any], default: dict[str, Any], where: str) -> tuple[Family, dict[str, Any]]:
+    """The backbone's config as transformers builds it: the model's default backbone when there is none, else the
+    saved one read with its own class's defaults (not the model's)."""
+    if cfg.get("backbone") is not None and cfg.get("backbone_config") is None:
+        raise VitexportError(f"{where} names its backbone {cfg['backbone']!r} instead of describing it "
+                             f"(backbone_config); vitexport builds a described DINOv2 backbone.")
+    bb = cfg.get("backbone_config")
+    if bb is None:
+        bb = dict(default)
+    if not isinstance(bb, dict):
+        raise VitexportError(f"{where}'s backbone_config is not an object.")
+    kind = bb.get("model_type")
+    if kind not in BACKBONES:
+        raise VitexportError(f"{where} has a {kind!r} backbone; vitexport builds its dense heads on "
+                             f"{', '.join(BACKBONES)}.")
+    if bb.get("reshape_hidden_states", True):
+        raise VitexportError(f"{where}'s backbone reshapes its hidden states (reshape_hidden_states is true or "
+                             f"absent): transformers' own model cannot run that config.")
+    return FAMILIES[kind], bb
+
+
+def describe_dense(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) -> Described:
+    """config.json (+ preprocessor_config.json) of a dense model -> the fields (the head under `dense`), the
+    preprocessing and the notes."""
+    fam = DENSE_FAMILIES[cfg["model_type"]]
+
+    def get(key: str) -> Any:
+        return cfg.get(key, fam.defaults.get(key))
+
+    bfam, bb = backbone_of(cfg, _DA_BACKBONE, where)
+    fields = bfam.config_fields(bb, f"{where}'s backbone_config")
+    if tuple(fields["patch_size"]) != (get("patch_size"),) * 2:
+        raise VitexportError(f"{where}'s patch_size {get('patch_size')} differs from its backbone's "
+                             f"{fields['patch_size'][0]}.")
+    if get("reassemble_hidden_size") != fields["embed_dim"]:
+        raise VitexportError(f"{where}'s reassemble_hidden_size {get('reassemble_hidden_size')} differs from its "
+                             f"backbone's width {fields['embed_dim']}.")
+    try:
+        fields["dense"] = DenseConfig(
+            task="depth", taps=taps(bb, fields["depth"], f"{where}'s backbone_config"),
+            tap_norm=bool(bb.get("apply_layernorm", True)), readout="ignore",
+            reassemble_factors=tuple(get("reassemble_factors")), neck_hidden_sizes=tuple(get("neck_hidden_sizes")),
+            fusion_hidden_size=get("fusion_hidden_size"), fusion_upsample="next", head_in_index=get("head_in_index"),
+            head_hidden_size=get("head_hidden_size"), head_upsample="patch",
+            depth_type=get("depth_estimation_type"), max_depth=float(get("max_depth") or 1))
+    except TypeError as e:
+        raise VitexportError(f"{where} has an unreadable head option ({e}).") from None
+    fields.update(num_classes=0, global_pool="")
+    size = fields["img_size"]
+    if processor is None:
+        pp, notes = fam.processing.at(size), [f"{where} has no preprocessor_config.json: using {fam.title}'s "
+                                              f"documented preprocessing ({fam.processing.text})."]
+    else:
+        pp, notes = processor_preprocess(processor, fam, size, where)
+        if processor.get("keep_aspect_ratio"):
+            notes.append(f"{where}'s processor keeps each image's aspect ratio (a side a multiple of "
+                         f"{processor.get('ensure_multiple_of', 1)}); at a fixed size vitexport resizes every image "
+                         f"to {size[0]}x{size[1]}.")
+    return Described(fam, fields, pp, notes)
+
+
+def describe_transformers(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) -> Described:
+    """Any transformers config vitexport builds: a dense model's here, a vision tower's by `hf_configs`; one
+    sentence naming every model type it builds for another."""
+    model_type = cfg.get("model_type")
+    if model_type in DENSE_FAMILIES:
+        return describe_dense(cfg, processor, where)
+    if model_type not in FAMILIES:
+        kinds = ", ".join(sorted({f.title for f in [*FAMILIES.values(), *DENSE_FAMILIES.values()]}))
+        raise VitexportError(f"{where} is a transformers {model_type!r} model; vitexport builds the vision "
+                             f"transformers {kinds} (model_type {', '.join([*FAMILIES, *DENSE_FAMILIES])}).")
+    return describe(cfg, processor, where)
