@@ -320,6 +320,12 @@ class Manifest:
         )
 
     @property
+    def dense_task(self) -> str | None:
+        """A dense model's task ('depth', 'segmentation'; parity.dense judges its output by it); None for a ViT."""
+        dense = self.config.get("dense")
+        return dense.get("task") if isinstance(dense, dict) else None
+
+    @property
     def output_names(self) -> list[str]:
         """The graph's outputs, in order (the judged one, output_name, among them)."""
         return list(self.outputs) if self.outputs else [self.output_name]

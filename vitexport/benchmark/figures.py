@@ -17,6 +17,15 @@ def _drop(ci: list[float] | None) -> str:
     return "" if not ci else f", drop [{ci[0]:+.2f}, {ci[1]:+.2f}] pts"
 
 
+def dense_text(st) -> str:
+    """A dense output's task figures: 'AbsRel 0.0123 [0.0101, 0.0145], delta1 99.91% [99.8%, 100.0%]'."""
+    if st.dense == "depth":
+        return (f"AbsRel {st.absrel:.4f} [{st.absrel_ci[0]:.4f}, {st.absrel_ci[1]:.4f}], delta1 "
+                f"{_pct(st.delta1, st.delta1_ci)} (per image, mean over {st.n:,} images, 95% intervals)")
+    return (f"pixel agreement {_pct(st.pixel_agree, st.pixel_agree_ci)}, mIoU {_pct(st.miou, st.miou_ci)} (per "
+            f"image, mean over {st.n:,} images, 95% intervals)")
+
+
 def figure_lines(report: "BenchReport") -> list[str]:
     """Per available row, what its parity record holds beyond the table (none for a plain labelled set)."""
     out = []
@@ -28,6 +37,8 @@ def figure_lines(report: "BenchReport") -> list[str]:
             out.append(f"{r.name}: top-1 over the {st.subset_classes} classes present "
                        f"{_pct(st.acc_subset, st.acc_subset_ci)} (reference {st.acc_subset_ref:.2%}"
                        f"{_drop(st.acc_subset_drop_ci)})")
+        if st.dense is not None:
+            out.append(f"{r.name}: against the reference, {dense_text(st)}")
         if st.embedding:
             knn = "" if st.knn_acc is None else (f"k-NN top-1 {_pct(st.knn_acc, st.knn_acc_ci)} (reference "
                                                   f"{st.knn_acc_ref:.2%}{_drop(st.knn_drop_ci)}), ")

@@ -40,6 +40,8 @@ def judged_output(manifest: Manifest, asked: str | None) -> tuple[str, bool]:
     if name not in manifest.output_names:
         raise VitexportError(f"--judge-output {name}: {manifest.onnx} has the outputs {', '.join(manifest.output_names)}"
                              f"; export it with `vitexport onnx --outputs {','.join([*manifest.output_names, name])}`.")
+    if manifest.dense_task is not None:  # a map judged by its task (parity.dense), not by neighbours
+        return name, False
     return name, manifest.num_classes <= 0 or name in EMBEDDINGS
 
 

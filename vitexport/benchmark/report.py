@@ -56,6 +56,19 @@ class BenchRow:
     acc_drop_high: float | None = None
     flips_down: int | None = None
     flips_up: int | None = None
+    # a dense output's task figures against the reference (parity.dense), with their 95 % intervals
+    absrel: float | None = None
+    absrel_low: float | None = None
+    absrel_high: float | None = None
+    delta1: float | None = None
+    delta1_low: float | None = None
+    delta1_high: float | None = None
+    pixel_agree: float | None = None
+    pixel_agree_low: float | None = None
+    pixel_agree_high: float | None = None
+    miou: float | None = None
+    miou_low: float | None = None
+    miou_high: float | None = None
     concurrency: int | None = None  # a served model: requests in flight while timed
     stable: bool | None = None  # its measurement windows agreed within 10 %
     server_queue_ms: float | None = None  # per request, from the server's statistics
@@ -130,6 +143,10 @@ def _intervals(st) -> dict:
     def pair(v):
         return (v[0], v[1]) if v else (None, None)
 
+    if st.dense is not None:  # a dense map: its task figures against the reference
+        return {k: v for name in ("absrel", "delta1", "pixel_agree", "miou") if getattr(st, name) is not None
+                for k, v in ((name, getattr(st, name)), (f"{name}_low", pair(getattr(st, f"{name}_ci"))[0]),
+                             (f"{name}_high", pair(getattr(st, f"{name}_ci"))[1]))}
     if st.embedding:  # an embedding model: its k-NN figures stand in the accuracy columns
         (al, ah), (dl, dh) = pair(st.knn_acc_ci), pair(st.knn_drop_ci)
         return dict(acc_low=al, acc_high=ah, acc_drop=st.knn_drop, acc_drop_low=dl, acc_drop_high=dh,

@@ -229,7 +229,7 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
         log.warn(f"{data_dir} is the data the INT8 model was calibrated on: its INT8 parity will look better "
                  "than on unseen images.")
     return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log,
-                           class_names(manifest), opts.labels)
+                           class_names(manifest), opts.labels, dense=manifest.dense_task)
 
 
 def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], opts: BenchOptions,

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .compare import ParityStats
-from .stats import clopper_pearson, paired_drop
+from .dense import FIGURES, figures
+from .stats import clopper_pearson, mean_interval, paired_drop
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -33,6 +34,7 @@ class Truth:
     labels: np.ndarray | None = None
     subset: np.ndarray | None = None
     real: np.ndarray | None = None
+    dense: str | None = None  # the output is a dense map judged by its task (parity.dense: 'depth' | 'segmentation')
 
 
 def _restricted_top1(logits: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -60,8 +62,14 @@ class ParityAccumulator:
         self.out_top1 = np.zeros(self.n, np.int64)
         self.ref_in_top5 = np.zeros(self.n, bool)  # the reference's top-1 is in the candidate's top-5
         self.right = {k: np.zeros(self.n, bool) for k in ("ref1", "out1", "ref5", "out5")}
+        self.dense = truth.dense
+        self.per_image = {k: np.zeros(self.n, np.float64) for k in FIGURES.get(self.dense or "", ())}
 
     def update(self, start: int, ref: np.ndarray, out: np.ndarray) -> None:
+        if self.dense is not None:
+            clean = np.nan_to_num(np.asarray(out, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+            for name, v in zip(self.per_image, figures(self.dense, np.asarray(ref), clean)):
+                self.per_image[name][start:start + len(ref)] = v
         ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
         out = np.asarray(out, dtype=np.float64).reshape(len(out), -1)
         if ref.shape != out.shape:
@@ -100,6 +108,7 @@ class ParityAccumulator:
             top1_agree=agree / n if self.finite else 0.0, top5_agree=float(self.ref_in_top5.mean()) if self.finite else 0.0,
             top1_agree_ci=list(clopper_pearson(agree, n)), disagree=n - agree)
         self._real(st)
+        self._dense(st)
         if self.labels is None:
             return st
         self._subset(st)
@@ -116,6 +125,16 @@ class ParityAccumulator:
         if not self.finite:
             st.acc, st.acc_drop = 0.0, st.acc_ref * 100
         return st
+
+    def _dense(self, st: ParityStats) -> None:
+        """A dense output's per-image task figures: their means with 95 % intervals."""
+        if self.dense is None:
+            return
+        st.dense = self.dense
+        for name, v in self.per_image.items():
+            m, lo, hi = mean_interval(v) if self.finite else (float("nan"),) * 3
+            setattr(st, name, m)  # a share stays within [0, 1], an error above 0
+            setattr(st, f"{name}_ci", [max(lo, 0.0), hi if name == "absrel" else min(hi, 1.0)])
 
     def _subset(self, st: ParityStats) -> None:
         """Top-1 with the logits restricted to the classes the set covers."""

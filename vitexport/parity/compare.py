@@ -62,15 +62,31 @@ class ParityStats:
     knn_flips_up: int | None = None
     neighbour_agree: float | None = None
     neighbour_agree_ci: list[float] | None = None
+    # a dense output (parity.dense): its kind, and the per-image task figures against the reference, each a mean
+    # over the images with its 95 % interval; its argmax "top-1 agreement" means nothing and is not given
+    dense: str | None = None
+    absrel: float | None = None  # depth: mean |d - d_ref| / d_ref
+    absrel_ci: list[float] | None = None
+    delta1: float | None = None  # depth: share of pixels within 1.25x of the reference
+    delta1_ci: list[float] | None = None
+    pixel_agree: float | None = None  # segmentation: share of pixels of the reference's class
+    pixel_agree_ci: list[float] | None = None
+    miou: float | None = None  # segmentation: mIoU against the reference's map
+    miou_ci: list[float] | None = None
 
     @property
     def embedding(self) -> bool:
         return self.knn_k is not None
 
+    @property
+    def argmax_meaningless(self) -> bool:
+        """An embedding's or a dense map's argmax is no prediction: no top-1/top-5 agreement for it."""
+        return self.embedding or self.dense is not None
+
     def to_dict(self) -> dict:
         """Its fields; the uncertainty fields only when known (a record read from an older file round-trips)."""
         d = asdict(self)
-        hidden = ("top1_agree", "top5_agree", "top1_agree_ci", "disagree") if self.embedding else ()
+        hidden = ("top1_agree", "top5_agree", "top1_agree_ci", "disagree") if self.argmax_meaningless else ()
         return {k: v for k, v in d.items() if (v is not None or k in _ALWAYS) and k not in hidden}
 
 
@@ -83,6 +99,11 @@ class Thresholds:
     cos_mean: float | None = None
     top1_agree: float | None = None
     acc_drop: float | None = None  # max allowed drop of top-1 accuracy in points (percent), when labelled
+    # a dense output's task figures against the reference (parity.dense), judged on their 95 % intervals
+    absrel: float | None = None  # depth: max mean AbsRel
+    delta1: float | None = None  # depth: min mean delta1
+    pixel_agree: float | None = None  # segmentation: min mean pixel agreement
+    miou: float | None = None  # segmentation: min mean mIoU
 
     def check(self, s: ParityStats) -> list[str]:
         """The failed bounds, as readable phrases (empty: none failed)."""
@@ -102,7 +123,8 @@ class Thresholds:
             fails.append(f"min cosine {s.cos_min:.5f} < {self.cos_min:g}")
         if self.cos_mean is not None and s.cos_mean < self.cos_mean:
             fails.append(f"mean cosine {s.cos_mean:.5f} < {self.cos_mean:g}")
-        if self.top1_agree is not None and not s.embedding:  # an embedding's argmax means nothing
+        self._assess_dense(s, fails, undecided)
+        if self.top1_agree is not None and not s.argmax_meaningless:  # an embedding's argmax means nothing
             lo, hi = s.top1_agree_ci or (s.top1_agree, s.top1_agree)
             if hi < self.top1_agree:
                 fails.append(f"top-1 agreement {s.top1_agree:.1%} < {self.top1_agree:.0%} (95% interval "
@@ -127,6 +149,24 @@ class Thresholds:
                                                  (s.knn_flips_down or 0, s.knn_flips_up or 0)))
         return fails, undecided
 
+    def _assess_dense(self, s: ParityStats, fails: list[str], undecided: list[str]) -> None:
+        """A dense output's task bounds: passed when the whole 95 % interval of the mean is within the bound,
+        failed when the whole of it is beyond, else undecided on this many images."""
+        for name, upper, what in (("absrel", True, "AbsRel"), ("delta1", False, "delta1"),
+                                  ("pixel_agree", False, "pixel agreement"), ("miou", False, "mIoU")):
+            bound, value = getattr(self, name), getattr(s, name)
+            if bound is None or value is None:
+                continue
+            lo, hi = getattr(s, f"{name}_ci") or (value, value)
+            if math.isnan(value):
+                fails.append(f"{what} is NaN")
+            elif (lo > bound) if upper else (hi < bound):
+                fails.append(f"{what} {value:.4g} {'>' if upper else '<'} {bound:g} (95% interval {lo:.4g} to "
+                             f"{hi:.4g})")
+            elif (hi > bound) if upper else (lo < bound):
+                undecided.append(f"inconclusive: {what} {value:.4g}, 95% interval {lo:.4g} to {hi:.4g}, is not "
+                                 f"{'below' if upper else 'above'} {bound:g} on {s.n:,} images")
+
     def judge(self, s: ParityStats) -> "ParityVerdict":
         fails, undecided = self.assess(s)
         return ParityVerdict(s, self, fails, undecided)
@@ -137,11 +177,15 @@ class Thresholds:
 
 # Defaults per precision. Why these numbers: docs/PARITY.md.
 DEFAULT_THRESHOLDS: dict[str, Thresholds] = {
-    "fp32": Thresholds(max_abs=1e-3, cos_min=0.99999),
-    "bf16": Thresholds(cos_min=0.99, cos_mean=0.995, acc_drop=1.0),
-    "fp16": Thresholds(cos_min=0.999, cos_mean=0.9995, acc_drop=0.5),
-    "int8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5),
-    "fp8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5),  # 8 bits too: INT8's bounds
+    "fp32": Thresholds(max_abs=1e-3, cos_min=0.99999, absrel=1e-4, delta1=0.9999, pixel_agree=0.9995, miou=0.995),
+    "bf16": Thresholds(cos_min=0.99, cos_mean=0.995, acc_drop=1.0, absrel=0.02, delta1=0.99, pixel_agree=0.98,
+                       miou=0.9),
+    "fp16": Thresholds(cos_min=0.999, cos_mean=0.9995, acc_drop=0.5, absrel=0.005, delta1=0.999, pixel_agree=0.995,
+                       miou=0.97),
+    "int8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5, absrel=0.05, delta1=0.95, pixel_agree=0.95,
+                       miou=0.85),
+    "fp8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5, absrel=0.05, delta1=0.95, pixel_agree=0.95,
+                      miou=0.85),  # 8 bits too: INT8's bounds
 }
 
 
@@ -215,6 +259,11 @@ def describe(s: ParityStats) -> str:
                                                  if s.top1_agree_ci else "")
     text = (f"max abs {s.max_abs:.3g}, mean abs {s.mean_abs:.3g}, cosine min {s.cos_min:.5f} / mean {s.cos_mean:.5f}, "
             f"{agree}, top-5 agree {s.top5_agree:.1%}")
+    if s.dense is not None:
+        return text.split(", top-1 agree")[0] + "".join(
+            f", {what} {getattr(s, k):.4g} (95% {getattr(s, k + '_ci')[0]:.4g} to {getattr(s, k + '_ci')[1]:.4g})"
+            for k, what in (("absrel", "AbsRel"), ("delta1", "delta1"), ("pixel_agree", "pixel agreement"),
+                            ("miou", "mIoU")) if getattr(s, k) is not None and getattr(s, k + "_ci"))
     if s.embedding:
         text = text.split(", top-1 agree")[0] + f", nearest neighbour the same for {s.neighbour_agree:.1%}"
         if s.knn_acc is not None and s.knn_acc_ref is not None and s.knn_drop_ci is not None:

@@ -141,3 +141,33 @@ def rate_decided(rate: float, bound: float) -> Callable[[int], bool]:
         lo, hi = clopper_pearson(round(rate * n), n)
         return lo >= bound or hi < bound
     return decided
+
+
+# Student's t 97.5 % quantiles for 1..30 degrees of freedom; past 30 the Cornish-Fisher expansion below is exact to
+# the third decimal
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """The two-sided 95 % quantile of Student's t with `df` degrees of freedom."""
+    if df < 1:
+        return math.inf
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = Z95
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def mean_interval(values: np.ndarray) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of per-image figures and its 95 % t-interval (one image: no interval, the
+    whole real line; every image equal: a point)."""
+    v = np.asarray(values, dtype=np.float64)
+    n = len(v)
+    if n == 0:
+        return math.nan, -math.inf, math.inf
+    m = float(v.mean())
+    if n == 1:
+        return m, -math.inf, math.inf
+    half = t975(n - 1) * float(v.std(ddof=1)) / math.sqrt(n)
+    return m, m - half, m + half

@@ -78,6 +78,7 @@ class ValidationSet:
     real: np.ndarray | None = None  # (N, K) ImageNet-ReaL labels, -1 padded
     set_labels: np.ndarray | None = None  # (N,) the set's own classes (index into images.classes): k-NN's labels
     how: str = ""  # how the set's classes were read ('WordNet synset', ...)
+    dense: str | None = None  # the model's output is a dense map of this kind (parity.dense), judged by its task
 
     @property
     def source(self) -> str:
@@ -85,7 +86,7 @@ class ValidationSet:
 
     @property
     def truth(self) -> Truth:
-        return Truth(self.labels, self.subset, self.real)
+        return Truth(self.labels, self.subset, self.real, self.dense)
 
     def __len__(self) -> int:
         return self.inputs.n
@@ -101,10 +102,11 @@ class ValidationSet:
 
 
 def open_validation(root, pp, num_classes: int, max_images: int | None = None, workers: int | None = None,
-                    log: Log = QUIET, names: list[str] | None = None, label_files: tuple = ()) -> ValidationSet:
+                    log: Log = QUIET, names: list[str] | None = None, label_files: tuple = (),
+                    dense: str | None = None) -> ValidationSet:
     """List `root`, take `max_images` spread over it, decode each image once (with a progress bar); labels from
     class folders or `label_files` (paths) mapped onto the model's classes `names` (validate.labels; else a
-    warning saying why not)."""
+    warning saying why not); dense: a dense model's task (Manifest.dense_task), whose outputs are judged by it."""
     from ..data.labelfile import read_label_file
     from ..data.stream import default_workers, open_images
 
@@ -126,7 +128,7 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
         log.warn(f"ImageNet-ReaL labels name ImageNet-1k's classes; the model has {num_classes}: not used.")
     keep = inputs.kept if inputs.n < len(images) else slice(None)
     pick = (lambda a: None if a is None else a[keep])  # the figures of the images the cache holds
-    return ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how)
+    return ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how, dense)
 
 
 def _from(images: ImageSet) -> str:
