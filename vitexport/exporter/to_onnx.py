@@ -38,8 +38,10 @@ def _scope_of(node) -> str:
             mods = [part.split(":")[0].strip() for part in p.value.split("/")[:-1]]
             mods = [m for m in mods if m]
             scope = mods[-1] if mods else ""
-            # a model exported through model.outputs.WithOutputs: its modules' names as the model's own
-            return "" if scope == "model" else scope.removeprefix("model.")
+            # a model exported through model.outputs.WithOutputs: its modules' names as the model's own; a dense
+            # model's backbone's as the family model's ('blocks.3.attn.qkv'), so every rule that reads node names
+            # (--exclude-block, sensitivity groups, fusion) reads them alike; its head's under 'neck.' and 'head.'
+            return "" if scope == "model" else scope.removeprefix("model.").removeprefix("backbone.")
     return ""
 
 
