@@ -14,9 +14,13 @@ import onnxruntime as ort
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import fails_cleanly
+from pathlib import Path
+
+from conftest import ROOT, fails_cleanly
 
 from vitexport.cli import cli
+from vitexport.data.images import load_image
+from vitexport.data.preprocess import Preprocess
 from vitexport.tensorrt_engine.graph_rules import rule_breakers
 
 transformers = pytest.importorskip("transformers")
@@ -147,3 +151,52 @@ def test_what_cannot_be_built_is_one_sentence(tmp_path, change, needle):
     r = CliRunner().invoke(cli, ["onnx", "-c", str(saved), "-o", str(tmp_path / "out"), "-q"])
     fails_cleanly(r, needle)
     assert not (tmp_path / "out" / "model.onnx").exists()
+
+
+PHOTOS = ROOT / "calibration" / "photos" / "holdout"
+
+
+def test_predict_writes_the_processors_depth_at_each_images_size(tmp_path):
+    """`predict --out-dir`: per image the .npy is transformers' post_process_depth_estimation of the graph's depth
+    (bicubic to the image's own size), the 16-bit PNG holds it times the scale its JSON line gives, and the colour
+    map has the image's size; the model's input is what DPTImageProcessor makes of the photo (resized to the input
+    size, as this processor is configured)."""
+    from PIL import Image
+
+    model = save_depth_anything(tmp_path / "saved", CASES["relative"])
+    proc = transformers.DPTImageProcessorPil(size={"height": 56, "width": 56}, keep_aspect_ratio=False,
+                                             resample=3, image_mean=[0.485, 0.456, 0.406],
+                                             image_std=[0.229, 0.224, 0.225])
+    proc.save_pretrained(tmp_path / "saved")
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "saved"), "-o", str(tmp_path / "out"), "-q"])
+    assert r.exit_code == 0, r.output
+    photos = sorted(PHOTOS.glob("*.jpg"))[:3]
+    pp = Preprocess.from_dict(json.loads((tmp_path / "out" / "manifest.json").read_text())["preprocess"])
+    r = CliRunner().invoke(cli, ["predict", str(tmp_path / "out"), *map(str, photos), "--out-dir",
+                                 str(tmp_path / "maps"), "-q"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(line) for line in r.output.splitlines() if line.startswith("{")]
+    assert [Path(line["image"]).name for line in lines] == [p.name for p in photos]
+    for photo, line in zip(photos, lines):
+        with Image.open(photo) as img:
+            rgb = img.convert("RGB")
+        pixels = proc(images=rgb, return_tensors="pt")["pixel_values"]
+        ours = load_image(photo, pp)[None]
+        assert np.abs(ours - pixels.numpy()).mean() < 0.02  # the same preprocessing (two resizers' pixels)
+        graph_depth = run_onnx(tmp_path / "out" / "model.onnx", ours)
+        want = proc.post_process_depth_estimation(
+            transformers.modeling_outputs.DepthEstimatorOutput(predicted_depth=torch.from_numpy(graph_depth)),
+            target_sizes=[(rgb.height, rgb.width)])[0]["predicted_depth"].numpy()
+        got = np.load(tmp_path / "maps" / f"{photo.stem}.depth.npy")
+        assert got.shape == (rgb.height, rgb.width)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        png = np.asarray(Image.open(tmp_path / "maps" / f"{photo.stem}.depth.png"))
+        assert png.dtype == np.uint16
+        np.testing.assert_allclose(png / line["depth"]["png16_scale"], got, atol=1.0 / line["depth"]["png16_scale"])
+        assert Image.open(tmp_path / "maps" / f"{photo.stem}.depth.color.png").size == rgb.size
+    with torch.no_grad():  # and the graph is transformers' model on those pixels
+        want = model(pixel_values=torch.from_numpy(ours)).predicted_depth.numpy()
+        assert np.abs(graph_depth - want).max() < 1e-4 * max(1.0, float(np.abs(want).max()))
+    again = CliRunner().invoke(cli, ["predict", str(tmp_path / "out"), str(photos[0]), "--out-dir",
+                                     str(tmp_path / "maps"), "-q"])
+    fails_cleanly(again, "already exists")

@@ -51,8 +51,11 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
                                       "model exported with --num-classes 0) as "
                                       "an (N, D) float32 array, with the images in row order in OUT.files.txt. "
                                       "(--jsonl/--json give them as vectors instead.)")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="A depth or segmentation model: where each image's maps go (depth: .npy, 16-bit PNG, colour map; "
+                   "segmentation: palette PNG of class indices, overlay); one JSON line per image is printed.")
 @use(MODEL, QUIET)
-def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddings_out, spec, log):
+def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddings_out, out_dir, spec, log):
     """Classify images with the model's own preprocessing: top-k classes and their probabilities.
 
     MODEL_DIR is an exported model folder (or its model.onnx). Without it, the folder of --model
@@ -74,6 +77,9 @@ def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddi
     if embeddings_out is not None and embeddings_out.suffix != ".npy":
         raise click.UsageError(f"--embeddings {embeddings_out}: give a .npy file name.")
     folder = open_model(target, spec, log=log)
+    if folder.read_manifest().dense_task is not None or out_dir is not None:
+        _dense(folder, images, backend, precision, out_dir, as_json, log)
+        return
     if embeddings_out is not None or (folder.read_manifest().num_classes <= 0 and (as_json or as_jsonl)):
         _embeddings(folder, images, backend, precision, as_json, as_jsonl, embeddings_out, log)
         return  # a feature extractor asked for classes: iter_predictions says what to ask instead
@@ -107,3 +113,23 @@ def _embeddings(folder, images, backend, precision, as_json, as_jsonl, out, log)
         return
     for row in rows:
         click.echo(json.dumps(row))
+
+
+def _dense(folder, images, backend, precision, out_dir, as_json, log) -> None:
+    """A dense model's maps to --out-dir, one JSON line per image (a JSON list with --json)."""
+    import json
+
+    from ..deploy.dense import iter_dense
+
+    if folder.read_manifest().dense_task is None:
+        raise click.UsageError("--out-dir is for a depth or segmentation model; this one gives classes or "
+                               "embeddings.")
+    if out_dir is None:
+        raise click.UsageError(f"{folder.path} holds a {folder.read_manifest().dense_task} model: give --out-dir DIR "
+                               f"for its maps.")
+    results = iter_dense(folder, images, out_dir, backend=backend, precision=precision, log=log)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in results]))
+        return
+    for r in results:
+        click.echo(json.dumps(r.to_dict()))

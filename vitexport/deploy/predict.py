@@ -154,6 +154,9 @@ def iter_predictions(folder: ModelFolder, images: Sequence[Path | str], *, backe
     if top_k < 1:
         raise VitexportError(f"--top-k must be at least 1, not {top_k}.")
     manifest = folder.read_manifest()
+    if manifest.dense_task is not None:
+        raise VitexportError(f"{folder.path} holds a {manifest.dense_task} model: its maps are written as files; "
+                             f"give --out-dir DIR.")
     if manifest.num_classes <= 0:
         raise VitexportError(f"{folder.path} holds a feature extractor (no classification head): it has no classes "
                              f"to predict; write its embeddings with --embeddings OUT.npy or --jsonl.")
@@ -179,10 +182,11 @@ def iter_embeddings(folder: ModelFolder, images: Sequence[Path | str], *, backen
 
 
 def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | str], backend: str, precision: str,
-             batch: int, workers: int | None, log: Log,
-             output: str | None = None) -> Iterator[tuple[list[Path], np.ndarray]]:
+             batch: int, workers: int | None, log: Log, output: str | None = None,
+             dense_shape: bool = False) -> Iterator[tuple[list[Path], np.ndarray]]:
     """The model's outputs, batch by batch, with their files: images are decoded by a pool of threads a few
-    batches ahead, so memory holds a few batches whatever their number."""
+    batches ahead, so memory holds a few batches whatever their number. Each output flattened per image, or as
+    it is (dense_shape: a dense model's maps)."""
     pp = manifest.preprocess
     files = collect_images(images)
     crops = _every_crop(decoded_crops(files, pp, workers or default_workers(), chunk=batch))
@@ -199,7 +203,7 @@ def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | st
         with log.bar("predicting", len(files)) as advance:
             for start, chunk in zip(range(0, len(files), batch), itertools.chain([first], crops)):
                 out = np.asarray(runner.infer_all(normalise(chunk, pp), chunk=batch), np.float32)
-                yield files[start:start + batch], out.reshape(len(out), -1)
+                yield files[start:start + batch], out if dense_shape else out.reshape(len(out), -1)
                 advance(len(chunk))
     finally:
         runner.close()
