@@ -123,3 +123,30 @@ def test_a_set_too_small_says_so(depths):
     verdict = _judge(ref[:2], out, "int8")
     assert verdict.status == "inconclusive", describe(verdict.stats)
     assert not DEFAULT_THRESHOLDS["int8"].check(verdict.stats)
+
+
+def test_segmentation_against_its_truth_by_hand():
+    """A 2x2 class map upsampled to 4x4 against a mask with an ignored row: mIoU over the classes either has."""
+    from vitexport.parity.dense import segmentation_truth_figures
+
+    logits = np.zeros((3, 2, 2), np.float32)
+    logits[0, 0, :] = 5  # top row class 0
+    logits[1, 1, :] = 5  # bottom row class 1
+    mask = np.array([[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 2, 2], [255, 255, 255, 255]])
+    miou_, acc = segmentation_truth_figures(logits, mask, 255)
+    # predicted: rows 0-1 class 0, rows 2-3 class 1; counted pixels rows 0-2: class 0 IoU 1, class 1 IoU 2/4,
+    # class 2 IoU 0 -> mIoU 1.5 / 3; accuracy 10 of 12
+    assert miou_ == pytest.approx(0.5) and acc == pytest.approx(10 / 12)
+
+
+def test_relative_depth_is_aligned_by_scale_and_shift_in_disparity():
+    from vitexport.parity.dense import depth_truth_figures
+
+    rng = np.random.default_rng(0)
+    disparity = rng.uniform(0.5, 2.0, (8, 8))
+    gt = 1.0 / (3.0 * disparity + 0.25)
+    gt[0, 0] = 0  # no value there
+    absrel, delta1 = depth_truth_figures(disparity, gt, relative=True)
+    assert absrel < 1e-6 and delta1 == 1.0  # float32 arithmetic alone
+    absrel, _ = depth_truth_figures(disparity, gt, relative=False)  # as metric depth it is far off
+    assert absrel > 0.5

@@ -20,10 +20,24 @@ def _drop(ci: list[float] | None) -> str:
 def dense_text(st) -> str:
     """A dense output's task figures: 'AbsRel 0.0123 [0.0101, 0.0145], delta1 99.91% [99.8%, 100.0%]'."""
     if st.dense == "depth":
-        return (f"AbsRel {st.absrel:.4f} [{st.absrel_ci[0]:.4f}, {st.absrel_ci[1]:.4f}], delta1 "
+        text = (f"AbsRel {st.absrel:.4f} [{st.absrel_ci[0]:.4f}, {st.absrel_ci[1]:.4f}], delta1 "
                 f"{_pct(st.delta1, st.delta1_ci)} (per image, mean over {st.n:,} images, 95% intervals)")
-    return (f"pixel agreement {_pct(st.pixel_agree, st.pixel_agree_ci)}, mIoU {_pct(st.miou, st.miou_ci)} (per "
-            f"image, mean over {st.n:,} images, 95% intervals)")
+    else:
+        text = (f"pixel agreement {_pct(st.pixel_agree, st.pixel_agree_ci)}, mIoU {_pct(st.miou, st.miou_ci)} (per "
+                f"image, mean over {st.n:,} images, 95% intervals)")
+    return text + ("" if not st.truth else "; " + truth_text(st.truth))
+
+
+TRUTH_NAMES = {"absrel": "AbsRel", "delta1": "delta1", "miou": "mIoU", "pixel_acc": "pixel accuracy"}
+
+
+def truth_text(truth: dict) -> str:
+    """'against ground truth on 12 images: AbsRel 0.0812 [0.07, 0.09] (reference 0.0810, difference +0.0002
+    [-0.0001, +0.0005]), ...'."""
+    parts = [f"{TRUTH_NAMES[k]} {v['value']:.4f} [{v['ci'][0]:.4f}, {v['ci'][1]:.4f}] (reference {v['reference']:.4f}, "
+             f"difference {v['diff']:+.4f} [{v['diff_ci'][0]:+.4f}, {v['diff_ci'][1]:+.4f}])"
+             for k, v in truth.items() if k != "n"]
+    return f"against ground truth on {truth['n']:,} images: " + ", ".join(parts)
 
 
 def figure_lines(report: "BenchReport") -> list[str]:

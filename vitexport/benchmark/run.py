@@ -64,6 +64,7 @@ class BenchOptions:
     img_sizes: tuple[tuple[int, int], ...] | None = None  # a dynamic-size export: bench at each (None: its default)
     workers: int | None = None  # decoding threads (None: data.stream.default_workers)
     labels: tuple[Path, ...] = ()  # label files for --data (data.labelfile)
+    depth_scale: float = 1000.0  # a depth model's ground-truth PNGs: value per unit (data.dense_truth)
     judge_output: str | None = None  # the output judged (model.outputs; None: the manifest's output_name)
     knn_k: int = DEFAULT_K  # an embedding model's k-NN (parity.knn)
     knn_t: float = DEFAULT_T
@@ -229,7 +230,9 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
         log.warn(f"{data_dir} is the data the INT8 model was calibrated on: its INT8 parity will look better "
                  "than on unseen images.")
     return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log,
-                           class_names(manifest), opts.labels, dense=manifest.dense_task)
+                           class_names(manifest), opts.labels, dense=manifest.dense_task,
+                           relative_depth=manifest.config.get("dense", {}).get("depth_type") != "metric",
+                           depth_scale=opts.depth_scale)
 
 
 def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], opts: BenchOptions,

@@ -55,13 +55,13 @@ def _report_file(ctx: click.Context, param: click.Parameter, path: Path | None) 
 
 
 def _bench_options(data, labels, max_images, workers, batches, iterations, min_time, warmup, threads, backends,
-                   thresholds, strict, judge_output, knn_k, knn_t):
+                   thresholds, strict, judge_output, knn_k, knn_t, depth_scale):
     """BenchOptions' fields; the command makes them one after its checks (bench.py loads torch)."""
     if labels and data is None:
         raise click.UsageError("--labels labels the images of --data; give --data too.")
     return dict(data=data, labels=tuple(labels), judge_output=judge_output, knn_k=knn_k, knn_t=knn_t, max_images=max_images, workers=workers, batches=tuple(batches) or None,
                 iterations=iterations, min_time=min_time, warmup=warmup, threads=threads, backends=tuple(backends),
-                thresholds=thresholds, strict=strict)
+                thresholds=thresholds, strict=strict, depth_scale=depth_scale)
 
 
 BENCH = OptionGroup(
@@ -72,6 +72,10 @@ BENCH = OptionGroup(
                  "every image is used), or .npy inputs. Default: the shipped held-out set for the model."),
         opt("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path), multiple=True, metavar="FILE",
             help="Label file for a flat image folder (repeatable, one of each kind): CSV/TSV of file name (extension optional) and label (class index, WordNet synset or class name), ImageNet's LOC_val_solution.csv, or ImageNet-ReaL's real.json (ReaL accuracy as well)."),
+        opt("--depth-scale", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True,
+            help="A depth model's --data: the ground-truth maps beside the images (IMAGE.depth.png, 16-bit, or "
+                 "IMAGE.depth.npy; 0: no value) hold depth x this in their PNGs (1000: millimetres; KITTI: 256). "
+                 "Segmentation: IMAGE.mask.png of class indices, 255 ignored."),
         opt("--max-images", type=click.IntRange(min=1), default=None,
             help="Use this many images, spread evenly over --data (the same ones for every backend)."),
         opt("--workers", type=click.IntRange(min=1), default=None,

@@ -210,8 +210,10 @@ LINK_OUT = "link out of the folder"  # a data folder is input: nothing in it mak
 
 
 def list_images(root: Path, skipped: Skipped | None = None) -> list[Path]:
-    """Every image below `root` (see list_files)."""
-    return list_files(root, IMAGE_SUFFIXES, skipped)
+    """Every image below `root` (see list_files), a dense data set's ground-truth maps aside (dense_truth)."""
+    from .dense_truth import is_truth
+
+    return [p for p in list_files(root, IMAGE_SUFFIXES, skipped) if not is_truth(p)]
 
 
 def list_files(root: Path, suffixes: tuple[str, ...], skipped: Skipped | None = None) -> list[Path]:

@@ -305,11 +305,16 @@ def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log
 
 
 def serve_instructions(result: TritonModel, folder: ModelFolder) -> str:
-    """How to start Triton on the repository, and one request that classifies an image with this model."""
+    """How to start Triton on the repository, and one request that classifies an image with this model (a dense
+    model: that asks for its map)."""
     repo = result.folder.path.parent.resolve()
     inp, out = result.inputs[0], result.outputs[0]
     pixels = ('x = np.asarray(resize_and_crop(Image.open("IMAGE.jpg"), pp)).transpose(2, 0, 1)[None].copy()  # uint8'
               if inp.data_type == "TYPE_UINT8" else 'x = load_image("IMAGE.jpg", pp)[None]  # normalised float32')
+    dense = folder.read_manifest().dense_task is not None
+    asked, var, shown = (f'out = tc.InferRequestedOutput("{out.name}")  # the whole map', "out", ".shape") if dense \
+        else (f'top5 = tc.InferRequestedOutput("{out.name}", class_count=5)  # \'score:index:label\' via labels.txt',
+              "top5", "")
     note = ("; the plan runs only on the TensorRT version that built it, so pick the release that ships that "
             "TensorRT" if result.platform == "tensorrt_plan" else "; leave out --gpus all to serve on the CPU")
     return f"""Start Triton on the repository (NGC container; YY.MM: a tritonserver release{note}):
@@ -326,6 +331,6 @@ Ask it about one image (pip install tritonclient[http]; the preprocessing is the
   client = tc.InferenceServerClient("localhost:8000")
   pixels = tc.InferInput("{inp.name}", list(x.shape), "{inp.data_type.removeprefix('TYPE_')}")
   pixels.set_data_from_numpy(x)
-  top5 = tc.InferRequestedOutput("{out.name}", class_count=5)  # 'score:index:label' via labels.txt
-  print(client.infer("{result.folder.name}", [pixels], outputs=[top5]).as_numpy("{out.name}"))
+  {asked}
+  print(client.infer("{result.folder.name}", [pixels], outputs=[{var}]).as_numpy("{out.name}"){shown})
   EOF"""

@@ -73,6 +73,9 @@ class ParityStats:
     pixel_agree_ci: list[float] | None = None
     miou: float | None = None  # segmentation: mIoU against the reference's map
     miou_ci: list[float] | None = None
+    # against the data set's ground truth (data.dense_truth), over the images that have it: {"n": images, figure:
+    # {"reference", "value", "ci", "diff", "diff_ci"}} (depth: absrel, delta1; segmentation: miou, pixel_acc)
+    truth: dict | None = None
 
     @property
     def embedding(self) -> bool:

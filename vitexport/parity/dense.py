@@ -69,3 +69,52 @@ def segmentation_figures(ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, 
 
 def figures(kind: str, ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return depth_figures(ref, out) if kind == "depth" else segmentation_figures(ref, out)
+
+
+# -- against ground truth (data.dense_truth): each backend's map at the truth's own size, as the processor
+# post-processes it (depth bicubic, segmentation logits bilinear), judged by the task's metric ------------------------
+
+TRUTH_FIGURES = {"depth": ("absrel", "delta1"), "segmentation": ("miou", "pixel_acc")}
+
+
+def _resize(maps: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
+    import torch
+    import torch.nn.functional as F
+
+    t = torch.from_numpy(np.ascontiguousarray(maps, np.float32))[None]
+    return F.interpolate(t, size=size, mode=mode, align_corners=False)[0].numpy().astype(np.float64)
+
+
+def scale_shift_depth(pred: np.ndarray, gt: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """A relative model's output (affine-invariant disparity) as depth: the least-squares scale and shift that
+    bring it to the truth's disparity (1 / depth) over the valid pixels, as MiDaS and Depth Anything evaluate."""
+    p, target = pred[valid], 1.0 / gt[valid]
+    a = np.stack([p, np.ones_like(p)], axis=1)
+    (s, t), *_ = np.linalg.lstsq(a, target, rcond=None)
+    disparity = s * pred + t
+    return 1.0 / np.maximum(disparity, 1.0 / max(float(gt[valid].max()), 1e-6) / 10)  # at most 10x the far end
+
+
+def depth_truth_figures(pred: np.ndarray, gt: np.ndarray, relative: bool) -> tuple[float, float]:
+    """(AbsRel, delta1) of one (h, w) depth output against its (H, W) truth (0: no value)."""
+    depth = _resize(pred[None], gt.shape, "bicubic")[0]
+    valid = gt > 0
+    if not valid.any():
+        return float("nan"), float("nan")
+    if relative:
+        depth = scale_shift_depth(depth, gt, valid)
+    d, g = depth[valid], gt[valid]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(d > 0, np.maximum(d / g, g / d), np.inf)
+    return float((np.abs(d - g) / g).mean()), float((ratio < DELTA1).mean())
+
+
+def segmentation_truth_figures(logits: np.ndarray, mask: np.ndarray, ignore: int) -> tuple[float, float]:
+    """(mIoU, pixel accuracy) of one (C, h, w) logits map against its (H, W) class-index truth."""
+    pred = _resize(logits, mask.shape, "bilinear").argmax(0).ravel()
+    truth = mask.ravel()
+    keep = truth != ignore
+    if not keep.any():
+        return float("nan"), float("nan")
+    classes = max(logits.shape[0], int(truth[keep].max()) + 1)
+    return float(miou(truth[keep][None], pred[keep][None], classes)[0]), float((pred[keep] == truth[keep]).mean())

@@ -79,6 +79,9 @@ class ValidationSet:
     set_labels: np.ndarray | None = None  # (N,) the set's own classes (index into images.classes): k-NN's labels
     how: str = ""  # how the set's classes were read ('WordNet synset', ...)
     dense: str | None = None  # the model's output is a dense map of this kind (parity.dense), judged by its task
+    dense_truth: list | None = None  # per image, its ground-truth map (data.dense_truth) or None; None: none has one
+    relative_depth: bool = True  # a relative depth model (aligned to the truth by scale and shift)
+    depth_scale: float = 1000.0  # a 16-bit depth PNG's value per unit
 
     @property
     def source(self) -> str:
@@ -86,7 +89,8 @@ class ValidationSet:
 
     @property
     def truth(self) -> Truth:
-        return Truth(self.labels, self.subset, self.real, self.dense)
+        return Truth(self.labels, self.subset, self.real, self.dense, self.dense_truth, self.relative_depth,
+                     self.depth_scale)
 
     def __len__(self) -> int:
         return self.inputs.n
@@ -103,10 +107,12 @@ class ValidationSet:
 
 def open_validation(root, pp, num_classes: int, max_images: int | None = None, workers: int | None = None,
                     log: Log = QUIET, names: list[str] | None = None, label_files: tuple = (),
-                    dense: str | None = None) -> ValidationSet:
+                    dense: str | None = None, relative_depth: bool = True,
+                    depth_scale: float = 1000.0) -> ValidationSet:
     """List `root`, take `max_images` spread over it, decode each image once (with a progress bar); labels from
     class folders or `label_files` (paths) mapped onto the model's classes `names` (validate.labels; else a
-    warning saying why not); dense: a dense model's task (Manifest.dense_task), whose outputs are judged by it."""
+    warning saying why not); dense: a dense model's task (Manifest.dense_task), whose outputs are judged by it, and
+    against the ground-truth maps beside the images (data.dense_truth) where there are any."""
     from ..data.labelfile import read_label_file
     from ..data.stream import default_workers, open_images
 
@@ -128,7 +134,16 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
         log.warn(f"ImageNet-ReaL labels name ImageNet-1k's classes; the model has {num_classes}: not used.")
     keep = inputs.kept if inputs.n < len(images) else slice(None)
     pick = (lambda a: None if a is None else a[keep])  # the figures of the images the cache holds
-    return ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how, dense)
+    vset = ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how, dense)
+    if dense is not None and not images.npy:
+        from ..data.dense_truth import truth_for
+
+        found = [truth_for(images.files[i], dense) for i in inputs.kept]  # the images the cache holds, in order
+        if any(p is not None for p in found):
+            vset.dense_truth, vset.relative_depth, vset.depth_scale = found, relative_depth, depth_scale
+            log.info(f"Ground truth for {sum(p is not None for p in found):,} of {len(found):,} images "
+                     f"({'depth maps' if dense == 'depth' else 'class masks'} beside them).")
+    return vset
 
 
 def _from(images: ImageSet) -> str:

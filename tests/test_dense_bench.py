@@ -1,0 +1,125 @@
+"""`vitexport bench` on a dense model with a labelled data set the test makes: every CPU row reports its task
+figures against the reference (AbsRel and delta1 for depth) and against the ground-truth maps beside the images,
+each with its 95 % interval and the paired difference to the reference; a graph that gives a wrong map (flipped
+left to right) fails --strict however close its tensors' statistics look. The truth is made from the FP32 model's
+own depth put through a known affine map in disparity, so the reference's AbsRel against it is the 16-bit PNG's
+rounding alone: an alignment by scale and shift that did not undo it would show.
+"""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+from conftest import ROOT
+from PIL import Image
+
+from vitexport.cli import cli
+from vitexport.data.images import list_images, load_image
+from vitexport.data.preprocess import Preprocess
+from vitexport.paths import sha256_file
+
+transformers = pytest.importorskip("transformers")
+
+PHOTOS = sorted((ROOT / "calibration" / "photos").rglob("*.jpg"))[:8]
+
+
+@pytest.fixture(scope="module")
+def depth_folder(tmp_path_factory):
+    """A Depth Anything export with its CPU INT8 graph, and a folder of photos with ground-truth depth PNGs."""
+    tmp = tmp_path_factory.mktemp("dense-bench")
+    cfg = transformers.DepthAnythingConfig(
+        backbone_config=dict(model_type="dinov2", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             image_size=56, patch_size=14, out_indices=[1, 2], reshape_hidden_states=False),
+        reassemble_hidden_size=32, neck_hidden_sizes=[16, 32], reassemble_factors=[2, 1], fusion_hidden_size=16,
+        head_hidden_size=8)
+    torch.manual_seed(0)
+    model = transformers.DepthAnythingForDepthEstimation(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+        model.head.conv3.weight.mul_(20)
+        model.head.conv3.bias.fill_(3.0)  # a depth above zero that varies across the image
+    model.save_pretrained(tmp / "saved")
+    out = tmp / "out"
+    for args in (["onnx", "-c", str(tmp / "saved"), "-o", str(out)], ["quantize", str(out), "--int8"]):
+        r = CliRunner().invoke(cli, [*args, "-q"])
+        assert r.exit_code == 0, r.output
+    pp = Preprocess.from_dict(json.loads((out / "manifest.json").read_text())["preprocess"])
+    data = tmp / "data"
+    data.mkdir()
+    for photo in PHOTOS:
+        with Image.open(photo) as img:
+            rgb = img.convert("RGB")
+        rgb.save(data / f"{photo.stem}.png")
+        with torch.no_grad():
+            d = model(pixel_values=torch.from_numpy(load_image(photo, pp)[None])).predicted_depth
+        d = F.interpolate(d[None], size=(rgb.height, rgb.width), mode="bicubic", align_corners=False)[0, 0].numpy()
+        depth_m = 1.0 / (0.2 * d + 0.5)  # the model's disparity, affinely, as depth in metres (at most 2 m)
+        Image.fromarray((depth_m * 1000).round().astype(np.uint16)).save(data / f"{photo.stem}.depth.png")
+    return out, data
+
+
+def bench(folder, data, *extra):
+    report = folder.parent / "bench.json"
+    r = CliRunner().invoke(cli, ["bench", str(folder), "--data", str(data), "--backend", "pytorch", "--backend",
+                                 "onnxruntime", "--backend", "openvino", "--batch", "2", "--iterations", "1",
+                                 "--min-time", "0", "--warmup", "0", "--no-prepare", "--json", str(report), *extra])
+    return r, {row["name"]: row for row in json.loads(report.read_text())["results"] if row["available"]}
+
+
+def test_every_cpu_row_is_judged_by_its_task_against_the_reference_and_the_truth(depth_folder):
+    out, data = depth_folder
+    assert len(list_images(data)) == len(PHOTOS)  # the truth maps are not taken for images
+    r, rows = bench(out, data, "--strict")
+    assert r.exit_code == 0, r.output
+    assert {"pytorch cpu fp32", "onnxruntime cpu fp32", "onnxruntime cpu int8", "openvino cpu fp32",
+            "openvino cpu int8"} <= set(rows)
+    for name, row in rows.items():
+        st = row["parity"]
+        assert st["dense"] == "depth" and "top1_agree" not in st, name
+        assert st["absrel_ci"][0] <= st["absrel"] <= st["absrel_ci"][1], name
+        truth = st["truth"]
+        assert truth["n"] == len(PHOTOS), name
+        ref = truth["absrel"]["reference"]
+        assert ref < 2e-3, name  # the PNG's millimetres: the alignment undid the affine map
+        lo, hi = truth["absrel"]["diff_ci"]
+        assert lo <= truth["absrel"]["diff"] <= hi, name
+        if "fp32" in name:
+            assert st["absrel"] < 1e-4 and abs(truth["absrel"]["value"] - ref) < 1e-4, name
+    assert rows["onnxruntime cpu int8"]["parity"]["truth"]["absrel"]["diff"] > 0  # INT8 moves off the truth a bit
+    assert "against ground truth on 8 images: AbsRel" in " ".join(r.output.split())
+
+
+def test_a_flipped_map_fails_strict(depth_folder, tmp_path):
+    """The INT8 graph with its depth map mirrored left to right (its record's digest updated, so the folder is
+    consistent): its values and their spread are the same, its task figures are not."""
+    out, data = depth_folder
+    import shutil
+
+    folder = tmp_path / "out"
+    shutil.copytree(out, folder)
+    path = folder / "model.int8.onnx"
+    g = onnx.load(str(path))
+    name = g.graph.output[0].name
+    g.graph.node[-1].output[0] = "unflipped"
+    for init, value in (("flip_starts", [-1]), ("flip_ends", [-(2 ** 62)]), ("flip_axes", [2]),
+                        ("flip_steps", [-1])):
+        g.graph.initializer.append(onnx.numpy_helper.from_array(np.array(value, np.int64), init))
+    for n in g.graph.node:
+        n.output[:] = ["unflipped" if o == name else o for o in n.output]
+    g.graph.node.append(onnx.helper.make_node("Slice", ["unflipped", "flip_starts", "flip_ends", "flip_axes",
+                                                        "flip_steps"], [name], name="flip"))
+    onnx.save(g, str(path))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["precisions"]["int8"]["sha256"] = sha256_file(path)
+    manifest["precisions"]["int8"]["bytes"] = path.stat().st_size
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    r, rows = bench(folder, data, "--strict")
+    assert r.exit_code == 1, r.output
+    st = rows["onnxruntime cpu int8"]["parity"]
+    assert st["status"] == "fail" and any("AbsRel" in f for f in st["failures"])
+    assert st["truth"]["absrel"]["diff_ci"][0] > 0  # worse against the truth too, decided on these images
