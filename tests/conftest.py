@@ -60,7 +60,7 @@ def _memoise_torch_onnx_export() -> None:
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             t = t.detach().contiguous().cpu()
             h.update(repr((name, t.dtype, tuple(t.shape))).encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-d: BN's count
         h.update(repr([(tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]).encode())
         h.update(repr(sorted(kwargs.items())).encode())
         return h.hexdigest()

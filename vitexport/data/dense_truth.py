@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import VitexportError
+from ..parity.dense import IGNORE_INDEX
 
 TRUTH_SUFFIXES = {"depth": (".depth.npy", ".depth.png"), "segmentation": (".mask.png",)}
-IGNORE_INDEX = 255
 DEFAULT_DEPTH_SCALE = 1000.0
 
 
@@ -66,3 +66,13 @@ def read_mask(path: Path) -> np.ndarray:
             return np.asarray(img).astype(np.int64)
     except OSError as e:
         raise VitexportError(f"Mask {path} cannot be read ({e}).") from None
+
+
+def truth_reader(files: list, kind: str, scale: float = DEFAULT_DEPTH_SCALE):
+    """index -> that image's truth map (read when asked, so memory holds one at a time) or None."""
+    def read(i: int) -> np.ndarray | None:
+        path = files[i]
+        if path is None:
+            return None
+        return read_depth(path, scale) if kind == "depth" else read_mask(path)
+    return read

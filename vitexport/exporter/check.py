@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,16 +32,17 @@ def check_onnx_against_torch(onnx_path: Path, model: VisionTransformer, batches:
             return [o.numpy() for o in forward_outputs(model, x, outputs)]
 
     return check_onnx(onnx_path, reference, outputs, model.cfg.in_chans, sizes or [model.cfg.img_size], batches,
-                      thresholds, seed, log, per_size=sizes is not None)
+                      thresholds, seed, log, per_size=sizes is not None, relative=model.cfg.dense is not None)
 
 
 def check_onnx(onnx_path: Path, reference: Callable[[torch.Tensor], list[np.ndarray]], outputs: tuple[str, ...],
                in_chans: int, sizes: list[tuple[int, int]], batches: tuple[int, ...],
                thresholds: Thresholds | None = None, seed: int = 0, log: Log = QUIET, against: str = "PyTorch",
-               per_size: bool = False) -> list[BatchCheck]:
+               per_size: bool = False, relative: bool = False) -> list[BatchCheck]:
     """ONNX Runtime's `outputs` against `reference(x)`'s (one array per output) on the same seeded random inputs,
     at every batch size and image size (per_size: each check records its size, a dynamic-size export's); a batch's
-    check is that of its worst output."""
+    check is that of its worst output. relative: the max abs bound scales with the output's magnitude, max(1,
+    |ref|) (a dense map: a depth in metres or a disparity in the hundreds carries float32's relative error)."""
     thresholds = thresholds or export_thresholds()
     sess = create_session(onnx_path)
     gen = torch.Generator().manual_seed(seed)
@@ -53,7 +55,10 @@ def check_onnx(onnx_path: Path, reference: Callable[[torch.Tensor], list[np.ndar
         for name, ref, out in zip(outputs, refs, outs):
             if out.shape != ref.shape:
                 raise ParityError(f"ONNX output {name} has shape {out.shape}, {against}'s {ref.shape}, at batch {b}.")
-            verdicts.append(thresholds.judge(compare(ref, out)))
+            bound = thresholds
+            if relative and thresholds.max_abs is not None:
+                bound = replace(thresholds, max_abs=thresholds.max_abs * max(1.0, float(np.abs(ref).max())))
+            verdicts.append(bound.judge(compare(ref, out)))
         verdict = min(verdicts, key=lambda v: (v.passed, -v.stats.max_abs))
         checks.append(BatchCheck(b, verdict.stats, verdict.passed, tuple(size) if per_size else None))
         at = f" at {size[0]}x{size[1]}" if per_size else ""

@@ -168,6 +168,10 @@ class ViTConfig:
             raise VitexportError(f"The dense head taps layer {max(d.taps)} of a {self.depth}-block backbone.")
         if self.num_classes:
             raise VitexportError("A dense model has no classification head (num_classes 0).")
+        if d.square_grid and (self.dynamic_img_size or self.grid_size[0] != self.grid_size[1]):
+            what = "a dynamic size" if self.dynamic_img_size else f"{self.img_size[0]}x{self.img_size[1]}"
+            raise VitexportError(f"DPT's own ViT lays its tokens out as a square grid, so it takes square inputs of "
+                                 f"one size, not {what}: export it at a fixed square --img-size.")
 
     def _kv_heads(self, v: Any) -> tuple[int, ...] | None:
         """num_kv_heads as one entry per block: an int stands for every block; None entries mean num_heads."""

@@ -1,7 +1,8 @@
 """A dense predictor: a backbone of a family vitexport builds (`vit.VisionTransformer`: DINOv2, DPT's ViT) whose
 intermediate tokens a head from `heads/` turns into a map (Depth Anything, DPT):
 
-    image (B, 3, H, W) -> backbone.forward_intermediates(taps) -> neck -> head -> predicted_depth (B, H', W')
+    image (B, 3, H, W) -> backbone.forward_intermediates(taps) -> neck -> head -> predicted_depth (B, H', W'),
+                                                                               or logits (B, labels, H', W')
 
 The backbone is the family's own model with its own parameter names (`backbone.blocks.0.attn.qkv.weight`), the
 head's are transformers' (`neck.*`, `head.*`). The config is the backbone's ViTConfig, its `dense` field the head's.
@@ -15,19 +16,20 @@ from torch import nn
 from .base import TransformerBase
 from .config import ViTConfig
 from .heads.config import DenseConfig
-from .heads.dpt import DepthHead, DPTNeck
+from .heads.dpt import DepthHead, DPTNeck, SemanticHead
 
 
 class DenseModel(nn.Module):
-    """backbone -> taps -> DPT neck -> depth head."""
+    """backbone -> taps -> DPT neck -> the task's head (depth or segmentation)."""
 
     def __init__(self, cfg: ViTConfig, backbone: TransformerBase):
         super().__init__()
         assert cfg.dense is not None
         self.cfg, self.dense = cfg, cfg.dense
         self.backbone = backbone
-        self.neck = DPTNeck(self.dense, cfg.embed_dim, cfg.num_prefix_tokens)
-        self.head = DepthHead(self.dense, cfg.patch_size)
+        self.neck = DPTNeck(self.dense, cfg.embed_dim, cfg.num_prefix_tokens, cfg.dynamic_img_size)
+        self.head: nn.Module = SemanticHead(self.dense) if self.dense.task == "segmentation" else \
+            DepthHead(self.dense, cfg.patch_size)
 
     # what the loaders and the export ask of any model, answered by the backbone
     @property
@@ -46,7 +48,7 @@ class DenseModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         grid = self.grid(x)
         taps = self.backbone.forward_intermediates(x, self.dense.taps, norm=self.dense.tap_norm)
-        return self.head(self.neck(taps, grid), grid)  # (B, H', W')
+        return self.head(self.neck(taps, grid), grid)  # (B, H', W') or (B, labels, H', W')
 
     def prepare_export(self) -> None:
         self.backbone.prepare_export()

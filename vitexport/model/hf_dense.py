@@ -1,18 +1,20 @@
 """transformers' dense predictors as vitexport's backbone + head: a `config.json` (and `preprocessor_config.json`)
-of Depth Anything (V1 and V2, relative and metric) -> the backbone's ViTConfig fields (read by the backbone family's
-own reader, `hf_configs`) and the head's (`heads.config.DenseConfig`), as transformers' config classes read them:
-their defaults where a key is absent, the nested `backbone_config`'s own class defaults included (a config saved
-by an older transformers omits every value equal to its default). No torch here.
+of Depth Anything (V1 and V2, relative and metric) or DPT (depth over its own ViT or a DINOv2 backbone,
+segmentation over its ViT) -> the backbone's ViTConfig fields (read by the backbone family's own reader,
+`hf_configs`) and the head's (`heads.config.DenseConfig`), as transformers' config classes read them: their defaults
+where a key is absent, the nested `backbone_config`'s own class defaults included (a config saved by an older
+transformers omits every value equal to its default). No torch here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
 from ..errors import VitexportError
 from .heads.config import DenseConfig
-from .hf_configs import FAMILIES, IMAGENET_MEAN, IMAGENET_STD, Described, Family, Processing, describe, \
-    processor_preprocess
+from .hf_configs import ACTIVATIONS, FAMILIES, HALF, IMAGENET_MEAN, IMAGENET_STD, Described, Family, Processing, \
+    describe, processor_preprocess
 
 # DepthAnythingConfig's defaults (configuration_depth_anything.py), and the DINOv2 backbone it makes when a config
 # has no backbone_config at all (its sub-config spec's init_kwargs)
@@ -27,7 +29,22 @@ _DA_PP = Processing("squash", 1.0, "bicubic", IMAGENET_MEAN, IMAGENET_STD, "resi
                     "ImageNet mean/std")
 DEPTH_ANYTHING = Family("depth_anything", "Depth Anything", _DA_DEFAULTS, lambda get: {}, "bicubic", _DA_PP,
                         square_int=True)
-DENSE_FAMILIES = {f.model_type: f for f in (DEPTH_ANYTHING,)}
+# DPTConfig's defaults (configuration_dpt.py): its own ViT's sizes and options (read by ViT's reader), the neck's
+# and heads'; DPTImageProcessor's defaults (384 x 384, bicubic, mean/std 0.5) for a folder without its processor
+_DPT_DEFAULTS = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+                 "hidden_act": "gelu", "layer_norm_eps": 1e-12, "image_size": 384, "patch_size": 16,
+                 "num_channels": 3, "qkv_bias": True, "is_hybrid": False, "backbone_out_indices": [2, 5, 8, 11],
+                 "readout_type": "project", "reassemble_factors": [4, 2, 1, 0.5],
+                 "neck_hidden_sizes": [96, 192, 384, 768], "fusion_hidden_size": 256, "head_in_index": -1,
+                 "use_batch_norm_in_fusion_residual": False, "use_bias_in_fusion_residual": None,
+                 "add_projection": False, "use_auxiliary_head": True, "pooler_act": "tanh"}
+_DPT_PP = Processing("squash", 1.0, "bicubic", HALF, HALF, "resize to the input size, bicubic, mean/std 0.5")
+# DPT's ViT resamples its position embedding bilinearly (no antialias) in every forward pass; over a DINOv2 backbone
+# the backbone's own bicubic resampling
+DPT = Family("dpt", "DPT", _DPT_DEFAULTS, FAMILIES["vit"].build, "bilinear", _DPT_PP, square_int=True)
+DPT_DINOV2 = replace(DPT, title="DPT (DINOv2 backbone)", pos_embed_interp="bicubic")
+DPT_HEAD_HIDDEN = 32  # the depth head's second conv: hard-coded in DPTDepthEstimationHead
+DENSE_FAMILIES = {f.model_type: f for f in (DEPTH_ANYTHING, DPT)}
 BACKBONES = ("dinov2",)  # the backbone families vitexport puts a dense head on
 
 
@@ -81,6 +98,32 @@ def describe_dense(cfg: dict[str, Any], processor: dict[str, Any] | None, where:
     def get(key: str) -> Any:
         return cfg.get(key, fam.defaults.get(key))
 
+    notes: list[str] = []
+    try:
+        if fam is DPT:
+            fam, fields = _dpt(cfg, get, where, notes)
+        else:
+            fields = _depth_anything(get, cfg, where)
+    except TypeError as e:
+        raise VitexportError(f"{where} has an unreadable head option ({e}).") from None
+    fields.update(num_classes=0, global_pool="")
+    size = fields["img_size"]
+    if processor is None:
+        pp = fam.processing.at(size)
+        notes.insert(0, f"{where} has no preprocessor_config.json: using {fam.title}'s documented preprocessing "
+                        f"({fam.processing.text}).")
+    else:
+        pp, more = processor_preprocess(processor, fam, size, where)
+        notes[:0] = more
+        if processor.get("keep_aspect_ratio"):
+            notes.append(f"{where}'s processor keeps each image's aspect ratio (a side a multiple of "
+                         f"{processor.get('ensure_multiple_of', 1)}); at a fixed size vitexport resizes every image "
+                         f"to {size[0]}x{size[1]}.")
+    return Described(fam, fields, pp, notes)
+
+
+def _depth_anything(get: Callable[[str], Any], cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """Depth Anything: its DINOv2 backbone's fields, the head under `dense`."""
     bfam, bb = backbone_of(cfg, _DA_BACKBONE, where)
     fields = bfam.config_fields(bb, f"{where}'s backbone_config")
     if tuple(fields["patch_size"]) != (get("patch_size"),) * 2:
@@ -89,28 +132,83 @@ def describe_dense(cfg: dict[str, Any], processor: dict[str, Any] | None, where:
     if get("reassemble_hidden_size") != fields["embed_dim"]:
         raise VitexportError(f"{where}'s reassemble_hidden_size {get('reassemble_hidden_size')} differs from its "
                              f"backbone's width {fields['embed_dim']}.")
-    try:
-        fields["dense"] = DenseConfig(
-            task="depth", taps=taps(bb, fields["depth"], f"{where}'s backbone_config"),
-            tap_norm=bool(bb.get("apply_layernorm", True)), readout="ignore",
-            reassemble_factors=tuple(get("reassemble_factors")), neck_hidden_sizes=tuple(get("neck_hidden_sizes")),
-            fusion_hidden_size=get("fusion_hidden_size"), fusion_upsample="next", head_in_index=get("head_in_index"),
-            head_hidden_size=get("head_hidden_size"), head_upsample="patch",
-            depth_type=get("depth_estimation_type"), max_depth=float(get("max_depth") or 1))
-    except TypeError as e:
-        raise VitexportError(f"{where} has an unreadable head option ({e}).") from None
-    fields.update(num_classes=0, global_pool="")
-    size = fields["img_size"]
-    if processor is None:
-        pp, notes = fam.processing.at(size), [f"{where} has no preprocessor_config.json: using {fam.title}'s "
-                                              f"documented preprocessing ({fam.processing.text})."]
+    fields["dense"] = DenseConfig(
+        task="depth", taps=taps(bb, fields["depth"], f"{where}'s backbone_config"),
+        tap_norm=bool(bb.get("apply_layernorm", True)), readout="ignore",
+        reassemble_factors=tuple(get("reassemble_factors")), neck_hidden_sizes=tuple(get("neck_hidden_sizes")),
+        fusion_hidden_size=get("fusion_hidden_size"), fusion_upsample="next", head_in_index=get("head_in_index"),
+        head_hidden_size=get("head_hidden_size"), head_upsample="patch",
+        depth_type=get("depth_estimation_type"), max_depth=float(get("max_depth") or 1))
+    return fields
+
+
+def _dpt(cfg: dict[str, Any], get: Callable[[str], Any], where: str,
+         notes: list[str]) -> tuple[Family, dict[str, Any]]:
+    """DPT: its own ViT (fields read with DPTConfig's defaults, taps at 0-based block indices, not normed, a square
+    grid) or a DINOv2 backbone (as Depth Anything's); the head per DPTConfig."""
+    if get("is_hybrid"):
+        raise VitexportError(f"{where} is DPT-Hybrid (is_hybrid: a BiT convolutional backbone under the ViT); "
+                             f"vitexport builds DPT over its own ViT or a DINOv2 backbone.")
+    task = _dpt_task(cfg, where)
+    if cfg.get("backbone_config") is None and cfg.get("backbone") is None:
+        fam, fields = DPT, DPT.config_fields(cfg, where)
+        tapped = _dpt_taps(get("backbone_out_indices"), fields["depth"], where)
+        tap_norm, square = False, True
+    elif task == "segmentation":
+        raise VitexportError(f"{where} is a DPTForSemanticSegmentation with a backbone_config, which transformers "
+                             f"ignores for its own ViT; vitexport builds DPT segmentation over DPT's own ViT.")
     else:
-        pp, notes = processor_preprocess(processor, fam, size, where)
-        if processor.get("keep_aspect_ratio"):
-            notes.append(f"{where}'s processor keeps each image's aspect ratio (a side a multiple of "
-                         f"{processor.get('ensure_multiple_of', 1)}); at a fixed size vitexport resizes every image "
-                         f"to {size[0]}x{size[1]}.")
-    return Described(fam, fields, pp, notes)
+        bfam, bb = backbone_of(cfg, {}, where)
+        fam, fields = DPT_DINOV2, bfam.config_fields(bb, f"{where}'s backbone_config")
+        tapped = taps(bb, fields["depth"], f"{where}'s backbone_config")
+        tap_norm, square = bool(bb.get("apply_layernorm", True)), False
+    act, bn, bias = get("hidden_act"), bool(get("use_batch_norm_in_fusion_residual")), \
+        get("use_bias_in_fusion_residual")
+    if act not in ACTIVATIONS:
+        raise VitexportError(f"{where}'s readout uses the activation {act!r}; vitexport builds "
+                             f"{', '.join(ACTIVATIONS)}.")
+    seg = task == "segmentation"
+    fields["dense"] = DenseConfig(
+        task=task, taps=tapped, tap_norm=tap_norm, readout=get("readout_type"), readout_act=ACTIVATIONS[act],
+        square_grid=square, reassemble_factors=tuple(get("reassemble_factors")),
+        neck_hidden_sizes=tuple(get("neck_hidden_sizes")), fusion_hidden_size=get("fusion_hidden_size"),
+        fusion_upsample="x2", fusion_batch_norm=bn, fusion_bias=(not bn) if bias is None else bool(bias),
+        head_in_index=get("head_in_index"), head_hidden_size=DPT_HEAD_HIDDEN, head_upsample="x2",
+        head_projection=not seg and bool(get("add_projection")), num_labels=_num_labels(cfg) if seg else 0)
+    if seg and get("use_auxiliary_head"):
+        notes.append(f"{where}'s auxiliary head is left out: transformers runs it and discards its output (it only "
+                     f"feeds the training loss).")
+    return fam, fields
+
+
+def _dpt_task(cfg: dict[str, Any], where: str) -> str:
+    """Depth or segmentation, from the class config.json names (depth when it names none)."""
+    arch = cfg.get("architectures") or []
+    if not isinstance(arch, list):
+        raise VitexportError(f"{where}'s architectures {arch!r} is not a list of class names.")
+    if "DPTForSemanticSegmentation" in arch:
+        return "segmentation"
+    if not arch or "DPTForDepthEstimation" in arch:
+        return "depth"
+    raise VitexportError(f"{where} is a transformers {arch[0]}; vitexport builds DPTForDepthEstimation and "
+                         f"DPTForSemanticSegmentation.")
+
+
+def _dpt_taps(indices: Any, depth: int, where: str) -> tuple[int, ...]:
+    """DPT's backbone_out_indices (0-based blocks; transformers keeps the hidden states whose index is among them,
+    in order) as hidden-state indices."""
+    if not isinstance(indices, (list, tuple)) or not indices or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < depth for i in indices):
+        raise VitexportError(f"{where}'s backbone_out_indices {indices!r} are not block indices 0..{depth - 1}.")
+    return tuple(i + 1 for i in sorted(set(indices)))
+
+
+def _num_labels(cfg: dict[str, Any]) -> int:
+    """The labels a segmentation head scores, as transformers counts them: id2label's, else num_labels (2)."""
+    id2label = cfg.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        return len(id2label)
+    return cfg.get("num_labels", 2)
 
 
 def describe_transformers(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) -> Described:

@@ -8,7 +8,8 @@
 
 The prefix is [class, distillation, registers] in that order (VisionTransformer._pos_embed).
 
-A dense model (model.dense) has the one output its library names: `predicted_depth` (B, H', W') for depth.
+A dense model (model.dense) has the one output its library names: `predicted_depth` (B, H', W') for depth,
+`logits` (B, labels, H', W') for DPT's segmentation.
 """
 
 from __future__ import annotations
@@ -66,9 +67,8 @@ def parse_outputs(text: str | None, cfg: ViTConfig) -> tuple[str, ...]:
 def shapes(cfg: ViTConfig, outputs: tuple[str, ...]) -> dict[str, list]:
     """Each output's shape as the manifest records it: 'batch' first, symbolic token counts for a dynamic size."""
     if cfg.dense is not None:
-        hw = ["out_height", "out_width"] if cfg.dynamic_img_size else \
-            list(cfg.dense.output_size(cfg.grid_size, cfg.patch_size))
-        return {o: ["batch", *hw] for o in outputs}
+        return {o: ["batch", *cfg.dense.output_dims(cfg.grid_size, cfg.patch_size, cfg.dynamic_img_size)]
+                for o in outputs}
     n = "patches" if cfg.dynamic_img_size else cfg.grid_size[0] * cfg.grid_size[1]
     total = "tokens" if cfg.dynamic_img_size else n + cfg.num_prefix_tokens
     d, c = cfg.num_features, cfg.num_classes or cfg.num_features

@@ -5,6 +5,7 @@ whether each top-1/top-5 was right), so memory does not grow with the logits of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -35,9 +36,10 @@ class Truth:
     subset: np.ndarray | None = None
     real: np.ndarray | None = None
     dense: str | None = None  # the output is a dense map judged by its task (parity.dense: 'depth' | 'segmentation')
-    dense_truth: "list | None" = None  # per image: its ground-truth map's file (data.dense_truth) or None
+    # per image index: its ground-truth map (depth (H, W) float, 0 no value; or class indices) or None; None: no
+    # image has one (validate.evaluate reads them, data.dense_truth)
+    read_truth: "Callable[[int], np.ndarray | None] | None" = None
     relative_depth: bool = True  # a relative depth model: aligned to the truth by scale and shift first
-    depth_scale: float = 1000.0  # a 16-bit depth PNG's value per unit
 
 
 def _restricted_top1(logits: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -67,7 +69,7 @@ class ParityAccumulator:
         self.right = {k: np.zeros(self.n, bool) for k in ("ref1", "out1", "ref5", "out5")}
         self.dense = truth.dense
         self.per_image = {k: np.zeros(self.n, np.float64) for k in FIGURES.get(self.dense or "", ())}
-        self.truth = truth if truth.dense_truth is not None else None
+        self.truth = truth if truth.read_truth is not None else None
         # per image, against its ground truth: the reference's figures and the candidate's (NaN: no truth)
         self.against_truth = {f"{who}_{k}": np.full(self.n, np.nan) for who in ("ref", "out")
                               for k in TRUTH_FIGURES.get(self.dense or "", ())}
@@ -140,20 +142,17 @@ class ParityAccumulator:
     def _against_truth(self, start: int, ref: np.ndarray, out: np.ndarray) -> None:
         """Each image of the batch that has a ground-truth map: the reference's and the candidate's task figures
         against it."""
-        from ..data.dense_truth import IGNORE_INDEX, read_depth, read_mask
-        from .dense import depth_truth_figures, segmentation_truth_figures
+        from .dense import IGNORE_INDEX, depth_truth_figures, segmentation_truth_figures
 
         t = self.truth
         for i in range(len(ref)):
-            path = t.dense_truth[start + i]
-            if path is None:
+            gt = t.read_truth(start + i)
+            if gt is None:
                 continue
             if self.dense == "depth":
-                gt = read_depth(path, t.depth_scale)
                 pairs = [depth_truth_figures(x[i], gt, t.relative_depth) for x in (ref, out)]
             else:
-                mask = read_mask(path)
-                pairs = [segmentation_truth_figures(x[i], mask, IGNORE_INDEX) for x in (ref, out)]
+                pairs = [segmentation_truth_figures(x[i], gt, IGNORE_INDEX) for x in (ref, out)]
             names = TRUTH_FIGURES[self.dense]
             for who, values in zip(("ref", "out"), pairs):
                 for k, v in zip(names, values):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 DELTA1 = 1.25
+IGNORE_INDEX = 255  # a segmentation truth's pixel without a class
 DENSE_KINDS = ("depth", "segmentation")
 # per kind: the figures kept per image, in order
 FIGURES = {"depth": ("absrel", "delta1"), "segmentation": ("pixel_agree", "miou")}

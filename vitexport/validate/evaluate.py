@@ -89,8 +89,12 @@ class ValidationSet:
 
     @property
     def truth(self) -> Truth:
-        return Truth(self.labels, self.subset, self.real, self.dense, self.dense_truth, self.relative_depth,
-                     self.depth_scale)
+        reader = None
+        if self.dense is not None and self.dense_truth is not None:
+            from ..data.dense_truth import truth_reader
+
+            reader = truth_reader(self.dense_truth, self.dense, self.depth_scale)
+        return Truth(self.labels, self.subset, self.real, self.dense, reader, self.relative_depth)
 
     def __len__(self) -> int:
         return self.inputs.n

@@ -9,7 +9,8 @@ ViTConfig fields its tensors decide (`fields`: a pooler, a projection, registers
 - `hf_vit`: transformers' ViT and DeiT, and ViT-MSN, ViT-MAE and I-JEPA; `hf_dinov2`: DINOv2, with and without
   registers; `hf_dinov3`: DINOv3; `hf_beit`: BEiT and data2vec-vision; `hf_aimv2`: AIMv2; `hf_clip`: the CLIP,
   MetaCLIP 2, SigLIP and SigLIP2 NaFlex vision towers;
-- `hf_dense`: transformers' Depth Anything (its DINOv2 backbone through `hf_dinov2`, the head as named);
+- `hf_dense`: transformers' Depth Anything and DPT (depth over DPT's own ViT or DINOv2, segmentation over its ViT):
+  the backbone through `hf_vit` or `hf_dinov2`, the neck and head as named;
 - `timm_naflex`: timm's NaFlexViT (its `embeds` module: a patch Linear, a position embedding at its own grid).
 
 `reading` finds and reads the raw tensors; `adapt` fits them to a model. The sizes and options of a transformers
@@ -32,7 +33,8 @@ from .hf_clip import CLIP, SIGLIP
 from .reading import SHARD_INDEXES, WEIGHT_FILES, read_raw, resolve_weights, weights_digest
 
 # tried in this order: the first whose `matches` holds converts the file (timm last: the others' names are unlike it)
-FORMATS: tuple[Any, ...] = (hf_dense, jax, CLIP, SIGLIP, hf_aimv2, hf_dinov3, hf_beit, hf_dinov2, hf_vit, timm_naflex, timm)
+FORMATS: tuple[Any, ...] = (*hf_dense.FORMATS, jax, CLIP, SIGLIP, hf_aimv2, hf_dinov3, hf_beit, hf_dinov2, hf_vit,
+                            timm_naflex, timm)
 
 
 def detect_format(raw: dict) -> ModuleType | Any:
@@ -43,7 +45,7 @@ def detect_format(raw: dict) -> ModuleType | Any:
             return fmt
     raise VitexportError("The checkpoint's tensor names match no known ViT format (timm, JAX .npz, or transformers' "
                          "ViT, DeiT, ViT-MSN, ViT-MAE, I-JEPA, DINOv2, DINOv3, BEiT, data2vec-vision, AIMv2, CLIP, "
-                         "MetaCLIP 2, SigLIP or Depth Anything).")
+                         "MetaCLIP 2, SigLIP, Depth Anything or DPT).")
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -66,8 +68,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 def _transformers_hints(config: dict) -> dict:
     """The facts a weights file's config.json adds when the model is named with -m: LayerNorm eps, qkv bias and
-    the grid the position embedding was trained at (a SigLIP or CLIP config nests them under vision_config)."""
-    cfg = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else config
+    the grid the position embedding was trained at (a SigLIP or CLIP config nests them under vision_config, a dense
+    model with a backbone under backbone_config: DPT's own image and patch size are not its DINOv2's)."""
+    nested = next((config[k] for k in ("vision_config", "backbone_config") if isinstance(config.get(k), dict)), None)
+    cfg = config if nested is None else nested
     hints: dict = {}
     if isinstance(cfg.get("layer_norm_eps"), (int, float)):
         hints["norm_eps"] = float(cfg["layer_norm_eps"])

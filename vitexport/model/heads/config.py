@@ -1,5 +1,6 @@
 """What a dense head is, as data: `DenseConfig` holds the options of the heads in `heads/` (DPT's reassemble,
-fusion and depth head as Depth Anything and DPT configure them), checked when made. No torch here.
+fusion and depth head as Depth Anything and DPT configure them, DPT's segmentation head), checked when made. No
+torch here.
 
 A dense model is a backbone vitexport already builds (its `ViTConfig`) with one of these on top; the ViTConfig
 carries it in its `dense` field, so a manifest records the whole model as one config.
@@ -12,9 +13,11 @@ from typing import Any
 
 from ...errors import VitexportError
 
-# what the head predicts: 'depth' (one map, `predicted_depth`)
-TASKS = ("depth",)
+# what the head predicts: 'depth' (one map, `predicted_depth`), 'segmentation' (a map of class scores, `logits`)
+TASKS = ("depth", "segmentation")
+OUTPUT_NAMES = {"depth": "predicted_depth", "segmentation": "logits"}  # each task's output, as transformers names it
 READOUTS = ("ignore", "add", "project")  # what DPT does with the class token of each tap
+READOUT_ACTS = ("gelu", "gelu_tanh", "quick_gelu", "silu")  # the 'project' readout's activation (model.config's)
 DEPTH_TYPES = ("relative", "metric")  # the last activation: ReLU, or a sigmoid scaled by max_depth
 # how each fusion block upsamples: 'next' to the next (larger) map's size, x2 after the last (Depth Anything); 'x2'
 # always (DPT)
@@ -33,6 +36,10 @@ class DenseConfig:
     taps: tuple[int, ...] = (9, 10, 11, 12)
     tap_norm: bool = True  # the backbone's final norm on every tap (transformers' Dinov2Backbone; DPT's ViT: off)
     readout: str = "ignore"  # READOUTS
+    readout_act: str = "gelu"  # READOUT_ACTS: after the 'project' readout's Linear (DPT's hidden_act)
+    # the neck lays each tap's N tokens out as a sqrt(N) x sqrt(N) grid whatever the input's shape (DPT's own ViT):
+    # square inputs only, at one size
+    square_grid: bool = False
     reassemble_factors: tuple[float, ...] = (4, 2, 1, 0.5)  # per tap: >1 transposed conv up, 1 none, <1 conv down
     neck_hidden_sizes: tuple[int, ...] = (48, 96, 192, 384)  # per tap: channels after the 1x1 projection
     fusion_hidden_size: int = 64
@@ -43,6 +50,7 @@ class DenseConfig:
     head_hidden_size: int = 32
     head_upsample: str = "patch"  # HEAD_UPSAMPLES
     head_projection: bool = False  # DPT's add_projection: a 3x3 conv + ReLU before the head (256 channels)
+    num_labels: int = 0  # segmentation: the classes scored at each pixel
     depth_type: str = "relative"  # DEPTH_TYPES
     max_depth: float = 1.0  # the output's scale (metric depth: its range in metres)
 
@@ -50,7 +58,8 @@ class DenseConfig:
         self.taps = tuple(self.taps)
         self.reassemble_factors = tuple(self.reassemble_factors)
         self.neck_hidden_sizes = tuple(self.neck_hidden_sizes)
-        for name, table in (("task", TASKS), ("readout", READOUTS), ("depth_type", DEPTH_TYPES),
+        for name, table in (("task", TASKS), ("readout", READOUTS), ("readout_act", READOUT_ACTS),
+                            ("depth_type", DEPTH_TYPES),
                             ("fusion_upsample", FUSION_UPSAMPLES), ("head_upsample", HEAD_UPSAMPLES)):
             if getattr(self, name) not in table:
                 raise VitexportError(f"The dense head's {name} {getattr(self, name)!r} is not one vitexport builds; "
@@ -78,23 +87,43 @@ class DenseConfig:
                                  "fusion_hidden_size 256.")
         if not 0 < float(self.max_depth) < 1e6:
             raise VitexportError(f"The dense head's max_depth {self.max_depth!r} is not a positive depth.")
+        self._check_task()
+
+    def _check_task(self) -> None:
+        if self.task == "depth":
+            return
+        if not isinstance(self.num_labels, int) or isinstance(self.num_labels, bool) or \
+                not 0 < self.num_labels <= MAX_CHANNELS:
+            raise VitexportError(f"A segmentation head scores 1..{MAX_CHANNELS} labels, not {self.num_labels!r}.")
+        if self.head_upsample != "x2" or self.head_projection:
+            raise VitexportError("DPT's segmentation head upsamples x2 and has no projection (head_upsample 'x2', "
+                                 "head_projection false).")
 
     @property
     def output(self) -> str:
-        """The graph's output name: the library's own."""
-        return "predicted_depth"
+        """The graph's output name: the library's own (`predicted_depth`, or `logits` for segmentation)."""
+        return OUTPUT_NAMES[self.task]
 
     def output_size(self, grid: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:
         """(H', W') of the output for a patch grid: the grid x patch (Depth Anything), or what DPT's x2 steps make
-        of the coarsest reassembled map (32 x ceil(grid / 2) a side for factors 4, 2, 1, 1/2)."""
+        of the coarsest reassembled map (32 x ceil(grid / 2) a side for factors 4, 2, 1, 1/2 and the head on the
+        last fused map, half that on the one before), for depth and segmentation alike (a segmentation output has
+        num_labels channels before these two axes)."""
         if self.head_upsample == "patch":
             return (grid[0] * patch[0], grid[1] * patch[1])
 
         def side(g: int) -> int:
             sizes = [g * int(f) if f >= 1 else (g - 1) // int(1 / f) + 1 for f in self.reassemble_factors]
-            return sizes[-1] * 2 ** (len(sizes) + 1)  # x2 in each fusion layer and in the head
+            fused = self.head_in_index % len(sizes)  # the map the head reads, in fusion order (coarsest first)
+            return sizes[-1] * 2 ** (fused + 2)  # x2 in each fusion layer up to it and in the head
 
         return (side(grid[0]), side(grid[1]))
+
+    def output_dims(self, grid: tuple[int, int], patch: tuple[int, int], dynamic: bool = False) -> list[Any]:
+        """The output's axes after the batch, as a manifest records them: [labels,] H', W' (symbolic for a
+        dynamic-size export: 'out_height', 'out_width')."""
+        hw: list[Any] = ["out_height", "out_width"] if dynamic else list(self.output_size(grid, patch))
+        return ([self.num_labels] if self.task == "segmentation" else []) + hw
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

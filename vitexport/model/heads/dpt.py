@@ -4,7 +4,8 @@ and DPT in transformers build it, read top-down:
     taps (B, prefix+N, D) each -> reassemble: drop or read out the class token, tokens to a (B, D, h, w) map,
     1x1 conv, resize by its factor -> 3x3 conv to the fusion width -> fusion, coarsest first: residual units,
     bilinear upsampling (align_corners) and a 1x1 conv -> depth head: conv, upsample, conv, ReLU, 1x1 conv, ReLU
-    (relative depth) or sigmoid x max_depth (metric depth) -> (B, H', W')
+    (relative depth) or sigmoid x max_depth (metric depth) -> (B, H', W'); or DPT's segmentation head: conv, batch
+    norm, ReLU, 1x1 conv to the labels, upsample -> (B, labels, H', W')
 
 Module and parameter names are transformers' (`neck.reassemble_stage.layers.0.projection`, ...), so its checkpoints
 load by a short table (`checkpoints/hf_dense.py`). Shapes: B batch, D the backbone's width, h x w the patch grid.
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.norm import act_factory
 from .config import DenseConfig
 
 
@@ -39,7 +41,9 @@ class ReassembleLayer(nn.Module):
 
 class ReassembleStage(nn.Module):
     """Each tap's tokens -> an image-like map at its own scale; the class token dropped ('ignore'), added to every
-    patch token ('add') or concatenated to each and projected back ('project', Linear + GELU)."""
+    patch token ('add') or concatenated to each and projected back ('project', Linear + the model's activation, GELU
+    by default). DPT's own ViT lays the N tokens out sqrt(N) x sqrt(N) whatever the input: its config
+    (DenseConfig.square_grid) admits square inputs only, where that is the input's grid."""
 
     def __init__(self, cfg: DenseConfig, width: int, num_prefix_tokens: int):
         super().__init__()
@@ -47,7 +51,8 @@ class ReassembleStage(nn.Module):
         self.layers = nn.ModuleList([ReassembleLayer(width, c, f)
                                      for c, f in zip(cfg.neck_hidden_sizes, cfg.reassemble_factors)])
         if cfg.readout == "project":
-            self.readout_projects = nn.ModuleList([nn.Sequential(nn.Linear(2 * width, width), nn.GELU())
+            act = act_factory(cfg.readout_act)
+            self.readout_projects = nn.ModuleList([nn.Sequential(nn.Linear(2 * width, width), act())
                                                    for _ in cfg.taps])
 
     def forward(self, taps: list[torch.Tensor], grid: tuple) -> list[torch.Tensor]:
@@ -83,18 +88,21 @@ class ResidualUnit(nn.Module):
 
 class FusionLayer(nn.Module):
     """(the running map, the next tap's map) -> residual unit on the tap's map added, residual unit, bilinear
-    upsampling with align_corners, 1x1 conv."""
+    upsampling with align_corners, 1x1 conv. `resize_skip`: resize the tap's map to the running one whatever their
+    sizes (a dynamic-size graph, where DPT's x2 steps overshoot an odd map for some inputs only; at equal sizes the
+    resize is exact)."""
 
-    def __init__(self, cfg: DenseConfig):
+    def __init__(self, cfg: DenseConfig, resize_skip: bool = False):
         super().__init__()
         c = cfg.fusion_hidden_size
+        self.resize_skip = resize_skip
         self.projection = nn.Conv2d(c, c, kernel_size=1, bias=True)
         self.residual_layer1 = ResidualUnit(c, cfg.fusion_batch_norm, cfg.fusion_bias)
         self.residual_layer2 = ResidualUnit(c, cfg.fusion_batch_norm, cfg.fusion_bias)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None, size: tuple | None) -> torch.Tensor:
         if skip is not None:
-            if skip.shape[-2:] != x.shape[-2:]:  # DPT's x2 upsampling overshoots an odd map by one
+            if self.resize_skip or skip.shape[-2:] != x.shape[-2:]:  # DPT's x2 upsampling overshoots an odd map
                 skip = F.interpolate(skip, size=x.shape[-2:], mode="bilinear", align_corners=False)
             x = x + self.residual_layer1(skip)
         x = self.residual_layer2(x)
@@ -106,10 +114,12 @@ class FusionLayer(nn.Module):
 
 
 class FusionStage(nn.Module):
-    def __init__(self, cfg: DenseConfig):
+    """The fusion layers, coarsest map first. `dynamic`: a dynamic-size graph (DPT's skips always resized)."""
+
+    def __init__(self, cfg: DenseConfig, dynamic: bool = False):
         super().__init__()
         self.to_next = cfg.fusion_upsample == "next"
-        self.layers = nn.ModuleList([FusionLayer(cfg) for _ in cfg.taps])
+        self.layers = nn.ModuleList([FusionLayer(cfg, dynamic and not self.to_next) for _ in cfg.taps])
 
     def forward(self, maps: list[torch.Tensor]) -> list[torch.Tensor]:
         maps = maps[::-1]  # coarsest first
@@ -125,16 +135,33 @@ class FusionStage(nn.Module):
 class DPTNeck(nn.Module):
     """Reassemble, a 3x3 conv (no bias) per map to the fusion width, fusion: the maps the head reads."""
 
-    def __init__(self, cfg: DenseConfig, width: int, num_prefix_tokens: int):
+    def __init__(self, cfg: DenseConfig, width: int, num_prefix_tokens: int, dynamic: bool = False):
         super().__init__()
         self.reassemble_stage = ReassembleStage(cfg, width, num_prefix_tokens)
         self.convs = nn.ModuleList([nn.Conv2d(c, cfg.fusion_hidden_size, kernel_size=3, padding=1, bias=False)
                                     for c in cfg.neck_hidden_sizes])
-        self.fusion_stage = FusionStage(cfg)
+        self.fusion_stage = FusionStage(cfg, dynamic)
 
     def forward(self, taps: list[torch.Tensor], grid: tuple) -> list[torch.Tensor]:
         maps = self.reassemble_stage(taps, grid)
         return self.fusion_stage([conv(m) for conv, m in zip(self.convs, maps)])
+
+
+class SemanticHead(nn.Module):
+    """A fused map (B, F, h', w') -> class scores (B, labels, 2h', 2w'): transformers' DPTSemanticSegmentationHead,
+    3x3 conv (no bias), batch norm, ReLU, [dropout: identity at inference], 1x1 conv to the labels, x2 bilinear
+    upsampling (align_corners). Its `head.N` names are transformers'."""
+
+    def __init__(self, cfg: DenseConfig):
+        super().__init__()
+        f = cfg.fusion_hidden_size
+        self.head_in_index = cfg.head_in_index
+        self.head = nn.Sequential(nn.Conv2d(f, f, kernel_size=3, padding=1, bias=False), nn.BatchNorm2d(f),
+                                  nn.ReLU(), nn.Identity(), nn.Conv2d(f, cfg.num_labels, kernel_size=1))
+
+    def forward(self, maps: list[torch.Tensor], grid: tuple) -> torch.Tensor:
+        x = self.head(maps[self.head_in_index])
+        return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)  # (B, labels, H', W')
 
 
 class DepthHead(nn.Module):
@@ -171,4 +198,4 @@ class DepthHead(nn.Module):
         return x.squeeze(1)  # (B, H', W')
 
 
-__all__ = ["DPTNeck", "DepthHead", "FusionStage", "ReassembleStage", "ResidualUnit"]
+__all__ = ["DPTNeck", "DepthHead", "FusionStage", "ReassembleStage", "ResidualUnit", "SemanticHead"]
