@@ -231,7 +231,7 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
                  "than on unseen images.")
     return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log,
                            class_names(manifest), opts.labels, dense=manifest.dense_task,
-                           relative_depth=manifest.config.get("dense", {}).get("depth_type") != "metric",
+                           relative_depth=(manifest.config.get("dense") or {}).get("depth_type") != "metric",
                            depth_scale=opts.depth_scale)
 
 

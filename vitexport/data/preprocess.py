@@ -11,8 +11,10 @@ from ..errors import VitexportError
 INCEPTION_MEAN = (0.5, 0.5, 0.5)
 INCEPTION_STD = (0.5, 0.5, 0.5)
 # timm's eval crop modes (data/transforms_factory.py): 'center' keeps the aspect ratio and crops, 'squash' resizes each
-# side to size / crop_pct (aspect ratio lost, nothing cut at crop_pct 1), 'border' fits the longest side and pads
-CROP_MODES = ("center", "squash", "border")
+# side to size / crop_pct (aspect ratio lost, nothing cut at crop_pct 1), 'border' fits the longest side and pads;
+# and 'pad': the longest side fitted as transformers' get_size_with_aspect_ratio does (EoMT's processor), the image
+# at the top left and black pixels below and right of it (normalised to -mean / std)
+CROP_MODES = ("center", "squash", "border", "pad")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class Preprocess:
         sh, sw = math.floor(th / self.crop_pct), math.floor(tw / self.crop_pct)
         if self.crop_mode == "squash":
             return sw, sh
+        if self.crop_mode == "pad":
+            return fit_longest(w, h, min(th, tw))
         if self.crop_mode == "border":  # timm's ResizeKeepRatio(longest=1)
             ratio = max(h / sh, w / sw)
             return round(w / ratio), round(h / ratio)
@@ -63,3 +67,19 @@ class Preprocess:
             interpolation=str(d["interpolation"]),
             crop_mode=str(d.get("crop_mode", "center")),  # manifests before crop modes: timm's default
         )
+
+
+def fit_longest(w: int, h: int, size: int) -> tuple[int, int]:
+    """(width, height) of an image of w x h whose shorter side is brought to `size` without its longer side passing
+    `size`, as transformers' get_size_with_aspect_ratio(..., size, max_size=size) computes it (its int() can give
+    size - 1 for the longer side)."""
+    short, long = float(min(h, w)), float(max(h, w))
+    raw = None
+    if long / short * size > size:
+        raw = size * short / long
+        size = int(round(raw))
+    if (h <= w and h == size) or (w <= h and w == size):
+        return w, h
+    if w < h:
+        return size, int((raw if raw is not None else size) * h / w)
+    return int((raw if raw is not None else size) * w / h), size

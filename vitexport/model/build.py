@@ -8,7 +8,7 @@ from torch import nn
 from .base import TransformerBase
 from .beit import Beit
 from .config import ViTConfig
-from .dense import DenseModel
+from .dense import DenseBase, DenseModel, EomtModel
 from .eva import Eva
 from .vit import VisionTransformer
 
@@ -19,11 +19,12 @@ def model_class(cfg: ViTConfig) -> type[TransformerBase]:
     return MODEL_CLASSES[cfg.family]
 
 
-def build_model(cfg: ViTConfig, seed: int = 0) -> TransformerBase | DenseModel:
+def build_model(cfg: ViTConfig, seed: int = 0) -> TransformerBase | DenseBase:
     """A model in eval mode with deterministic weights (overwrite them with a checkpoint to use it); a config with a
     dense head: its family's model as the backbone, the head over it (`dense.DenseModel`)."""
     if cfg.dense is not None:
-        return DenseModel(cfg, model_class(cfg)(cfg)).init_weights(seed).eval()
+        dense = EomtModel if cfg.dense.head == "eomt" else DenseModel
+        return dense(cfg, model_class(cfg)(cfg)).init_weights(seed).eval()
     return model_class(cfg)(cfg).init_weights(seed).eval()
 
 

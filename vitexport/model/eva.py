@@ -121,6 +121,20 @@ class Eva(TransformerBase):
         prefix_tokens = [t for t in (self.cls_token, self.reg_token) if t is not None]
         return self.pos_drop(embed_tokens(x, prefix_tokens, pos_embed, self.no_embed_class))
 
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Image (B, C, H, W) -> the tokens the first block reads (B, prefix+N, D), at a fixed size (a dense
+        head's backbone: EoMT)."""
+        return self.norm_pre(self._pos_embed(self.patch_embed(x), None))
+
+    def block_kwargs(self, grid: tuple, extra_prefix: int = 0) -> dict:
+        """What each block takes beside the tokens: the RoPE table of the grid, its rows of the prefix tokens (and
+        of `extra_prefix` tokens joined before them: EoMT's queries) unrotated."""
+        if self.rope is None:
+            return {}
+        if not extra_prefix and self.rope_table is not None:
+            return {"rope": self.rope_table}
+        return {"rope": with_prefix(self.rope(grid), self.num_prefix_tokens + extra_prefix)}
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         P = self.patch_embed.patch_size
         # the input's patch grid: symbolic in a dynamic-size export, Python ints (a constant table) otherwise

@@ -1,6 +1,6 @@
 """transformers' dense predictors as vitexport's backbone + head: a `config.json` (and `preprocessor_config.json`)
-of Depth Anything (V1 and V2, relative and metric) or DPT (depth over its own ViT or a DINOv2 backbone,
-segmentation over its ViT) -> the backbone's ViTConfig fields (read by the backbone family's own reader,
+of Depth Anything (V1 and V2, relative and metric), DPT (depth over its own ViT or a DINOv2 backbone,
+segmentation over its ViT) or EoMT -> the backbone's ViTConfig fields (read by the backbone family's own reader,
 `hf_configs`) and the head's (`heads.config.DenseConfig`), as transformers' config classes read them: their defaults
 where a key is absent, the nested `backbone_config`'s own class defaults included (a config saved by an older
 transformers omits every value equal to its default). No torch here.
@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ..errors import VitexportError
 from .heads.config import DenseConfig
 from .hf_configs import ACTIVATIONS, FAMILIES, HALF, IMAGENET_MEAN, IMAGENET_STD, Described, Family, Processing, \
-    describe, processor_preprocess
+    describe, mlp_ratio, processor_preprocess
 
 # DepthAnythingConfig's defaults (configuration_depth_anything.py), and the DINOv2 backbone it makes when a config
 # has no backbone_config at all (its sub-config spec's init_kwargs)
@@ -44,7 +44,22 @@ _DPT_PP = Processing("squash", 1.0, "bicubic", HALF, HALF, "resize to the input 
 DPT = Family("dpt", "DPT", _DPT_DEFAULTS, FAMILIES["vit"].build, "bilinear", _DPT_PP, square_int=True)
 DPT_DINOV2 = replace(DPT, title="DPT (DINOv2 backbone)", pos_embed_interp="bicubic")
 DPT_HEAD_HIDDEN = 32  # the depth head's second conv: hard-coded in DPTDepthEstimationHead
-DENSE_FAMILIES = {f.model_type: f for f in (DEPTH_ANYTHING, DPT)}
+# EomtConfig's defaults (configuration_eomt.py): a DINOv2-like ViT-L/16 at 640 with 4 registers, 200 queries joining
+# the last 4 blocks; its processor: the longer side to 640, padded below and right (do_pad), bilinear, ImageNet's
+_EOMT_DEFAULTS = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "hidden_act": "gelu",
+                  "layer_norm_eps": 1e-6, "image_size": 640, "patch_size": 16, "mlp_ratio": 4,
+                  "layerscale_value": 1.0, "use_swiglu_ffn": False, "num_blocks": 4, "num_queries": 200,
+                  "num_register_tokens": 4, "num_upscale_blocks": 2, "qkv_bias": True}
+_EOMT_PP = Processing("pad", 1.0, "bilinear", IMAGENET_MEAN, IMAGENET_STD, "the longer side to the input size, "
+                      "black below and right, bilinear, ImageNet mean/std")
+EOMT = Family("eomt", "EoMT", _EOMT_DEFAULTS, FAMILIES["dinov2"].build, "bicubic", _EOMT_PP, square_int=False)
+# EomtDinov3Config's: a DINOv3 ViT (RoPE of theta 100 on the patches alone, no key bias) under the same head
+_EOMT_DINOV3_DEFAULTS = {**_EOMT_DEFAULTS, "intermediate_size": 4096, "query_bias": True, "key_bias": False,
+                         "value_bias": True, "proj_bias": True, "mlp_bias": True, "use_gated_mlp": False,
+                         "apply_layernorm": True, "rope_theta": 100.0}
+EOMT_DINOV3 = Family("eomt_dinov3", "EoMT (DINOv3)", _EOMT_DINOV3_DEFAULTS, FAMILIES["dinov3_vit"].build, "bicubic",
+                     _EOMT_PP, square_int=False)
+DENSE_FAMILIES = {f.model_type: f for f in (DEPTH_ANYTHING, DPT, EOMT, EOMT_DINOV3)}
 BACKBONES = ("dinov2",)  # the backbone families vitexport puts a dense head on
 
 
@@ -98,6 +113,8 @@ def describe_dense(cfg: dict[str, Any], processor: dict[str, Any] | None, where:
     def get(key: str) -> Any:
         return cfg.get(key, fam.defaults.get(key))
 
+    if fam in (EOMT, EOMT_DINOV3):
+        return _eomt(cfg, processor, where, fam)
     notes: list[str] = []
     try:
         if fam is DPT:
@@ -209,6 +226,47 @@ def _num_labels(cfg: dict[str, Any]) -> int:
     if isinstance(id2label, dict) and id2label:
         return len(id2label)
     return cfg.get("num_labels", 2)
+
+
+def _eomt(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str, fam: Family) -> Described:
+    """EoMT: a DINOv2-like ViT (its position embedding on the patches alone; a gated MLP of separate projections
+    when use_swiglu_ffn) or a DINOv3 one (its RoPE theta under rope_parameters), its queries and predictors under
+    `dense`, at its image_size alone; its processor's resize-and-pad (a sliding window of do_split_image is one
+    window per image here, said in a note)."""
+    def get(key: str) -> Any:
+        return cfg.get(key, fam.defaults.get(key))
+
+    if fam is EOMT_DINOV3:
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+        fields = fam.config_fields({**cfg, "rope_theta": rope.get("rope_theta", 100.0)}, where)
+    else:
+        fields = fam.config_fields(cfg, where)
+        fields["no_embed_class"] = True
+    fields.update(global_pool="", num_classes=0)
+    act = get("hidden_act")
+    if fam is EOMT and get("use_swiglu_ffn"):  # gate_proj, up_proj, down_proj: two thirds of the width, rounded up to 8
+        hidden = (int(int(fields["embed_dim"] * get("mlp_ratio")) * 2 / 3) + 7) // 8 * 8
+        fields.update(mlp_layer="swiglu", mlp_ratio=mlp_ratio(fields["embed_dim"], hidden), act_layer="silu")
+    size = fields["img_size"]
+    try:
+        fields["dense"] = DenseConfig(
+            task="segmentation", head="eomt", readout_act=ACTIVATIONS[act], num_labels=_num_labels(cfg),
+            num_queries=get("num_queries"), query_blocks=get("num_blocks"), upscale_blocks=get("num_upscale_blocks"),
+            grid=(size[0] // fields["patch_size"][0], size[1] // fields["patch_size"][1]))
+    except TypeError as e:
+        raise VitexportError(f"{where} has an unreadable head option ({e}).") from None
+    notes: list[str] = ["The export adds semantic_probs to EoMT's two outputs: per class and pixel at the masks' "
+                        "resolution, the sum over queries of P(class) x sigmoid(mask) (the processor's semantic "
+                        "post-processing before its resizes), the map every check judges."]
+    if processor is None:
+        return Described(fam, fields, fam.processing.at(size), [f"{where} has no preprocessor_config.json: using "
+                         f"EoMT's documented preprocessing ({fam.processing.text}).", *notes])
+    square = {**processor, "size": {"height": size[0], "width": size[1]}, "do_center_crop": False}
+    pp, more = processor_preprocess(square, fam, size, where)
+    if processor.get("do_split_image"):
+        notes.append(f"{where}'s processor splits an image into overlapping windows; vitexport fits each image into "
+                     f"one {size[0]}x{size[1]} window, padded below and right.")
+    return Described(fam, fields, replace(pp, crop_mode="pad", crop_pct=1.0), [*more, *notes])
 
 
 def describe_transformers(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) -> Described:

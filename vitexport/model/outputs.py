@@ -19,16 +19,17 @@ from torch import nn
 
 from ..errors import VitexportError
 from .config import ViTConfig
+from .heads.config import EOMT_OUTPUTS
 
 OUTPUTS = ("logits", "pooled", "tokens", "registers", "patch")
-DENSE_OUTPUTS = ("predicted_depth",)  # a dense head's (heads.config.DenseConfig.output)
+DENSE_OUTPUTS = ("predicted_depth", *EOMT_OUTPUTS)  # a dense head's (heads.config.DenseConfig.outputs)
 EMBEDDINGS = ("pooled",)  # outputs judged as embeddings (parity.knn)
 
 
 def available(cfg: ViTConfig) -> list[str]:
     """The outputs this model has."""
     if cfg.dense is not None:
-        return [cfg.dense.output]
+        return list(cfg.dense.outputs)
     return [o for o in OUTPUTS if (o != "logits" or cfg.num_classes > 0) and (o != "registers" or cfg.reg_tokens)
             and (o != "pooled" or cfg.global_pool or cfg.distilled)]
 
@@ -36,7 +37,7 @@ def available(cfg: ViTConfig) -> list[str]:
 def default_outputs(cfg: ViTConfig) -> tuple[str, ...]:
     """`logits` with a head, `pooled` without (a model without pooling: `tokens`); a dense head's own output."""
     if cfg.dense is not None:
-        return (cfg.dense.output,)
+        return cfg.dense.outputs
     if cfg.num_classes > 0:
         return ("logits",)
     return ("pooled",) if "pooled" in available(cfg) else ("tokens",)
@@ -67,7 +68,7 @@ def parse_outputs(text: str | None, cfg: ViTConfig) -> tuple[str, ...]:
 def shapes(cfg: ViTConfig, outputs: tuple[str, ...]) -> dict[str, list]:
     """Each output's shape as the manifest records it: 'batch' first, symbolic token counts for a dynamic size."""
     if cfg.dense is not None:
-        return {o: ["batch", *cfg.dense.output_dims(cfg.grid_size, cfg.patch_size, cfg.dynamic_img_size)]
+        return {o: ["batch", *cfg.dense.output_dims(cfg.grid_size, cfg.patch_size, cfg.dynamic_img_size, o)]
                 for o in outputs}
     n = "patches" if cfg.dynamic_img_size else cfg.grid_size[0] * cfg.grid_size[1]
     total = "tokens" if cfg.dynamic_img_size else n + cfg.num_prefix_tokens
@@ -101,8 +102,10 @@ def compute(model: nn.Module, features: torch.Tensor, name: str) -> torch.Tensor
 
 def forward_outputs(model: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
     """The named outputs of `model` on images x: a ViT's from its final-norm tokens, a dense model's its own."""
-    if model.cfg.dense is not None:
-        return [model(x)]
+    if model.cfg.dense is not None:  # its outputs, in DenseConfig.outputs' order
+        out = model(x)
+        everything = dict(zip(model.cfg.dense.outputs, out if isinstance(out, tuple) else (out,)))
+        return [everything[n] for n in names]
     features = model.forward_features(x)
     return [compute(model, features, n) for n in names]
 

@@ -113,6 +113,10 @@ class VisionTransformer(TransformerBase):
         x = self._pos_embed(x, grid)  # (B, prefix+N, D)
         return self.norm_pre(x)
 
+    def block_kwargs(self, grid: tuple, extra_prefix: int = 0) -> dict:
+        """What each block takes beside the tokens: nothing (a RoPE family's table, eva.Eva.block_kwargs)."""
+        return {}
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(self._embed(x))
         return self.norm(x)  # (B, prefix+N, D)

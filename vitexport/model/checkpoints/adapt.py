@@ -10,7 +10,7 @@ import warnings
 
 from ...errors import VitexportError
 from ..base import TransformerBase
-from ..dense import DenseModel
+from ..dense import DenseBase
 from ..layers.relpos import EXTRA_TOKENS, resize_table, resize_table_bilinear
 from ..posembed import resample_pos_embed
 from .common import Checkpoint, StateDict
@@ -118,10 +118,10 @@ def _drop_heads(sd: StateDict) -> None:
         sd.pop(k, None)
 
 
-def load_into(model: TransformerBase | DenseModel, ckpt: Checkpoint, pos_embed_interp: str) -> list[str]:
+def load_into(model: TransformerBase | DenseBase, ckpt: Checkpoint, pos_embed_interp: str) -> list[str]:
     """Load a checkpoint into a model in place; returns warnings for the user. A dense model: its backbone's
     tensors fitted to the backbone, the head's taken as they are."""
-    if isinstance(model, DenseModel):
+    if isinstance(model, DenseBase):
         backbone = {k.removeprefix(BACKBONE): v for k, v in ckpt.state_dict.items() if k.startswith(BACKBONE)}
         head = {k: v for k, v in ckpt.state_dict.items() if not k.startswith(BACKBONE)}
         sd, notes = adapt_state_dict(backbone, model.backbone, pos_embed_interp, ckpt.hints.get("grid"))
@@ -133,4 +133,6 @@ def load_into(model: TransformerBase | DenseModel, ckpt: Checkpoint, pos_embed_i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.load_state_dict(sd, strict=False)
+    if isinstance(model, DenseBase):
+        model.loaded()
     return notes

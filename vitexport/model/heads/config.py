@@ -25,6 +25,9 @@ FUSION_UPSAMPLES = ("next", "x2")
 # the depth head's upsampling: to the input's patch grid x patch (Depth Anything), or x2 of the fused map (DPT)
 HEAD_UPSAMPLES = ("patch", "x2")
 MAX_CHANNELS = 16384
+HEADS = ("dpt", "eomt")  # DPT's reassemble, fusion and head over taps; EoMT's queries in the last blocks
+# EoMT's outputs: the judged semantic map (vitexport's, folded into the graph) and transformers' two
+EOMT_OUTPUTS = ("semantic_probs", "class_queries_logits", "masks_queries_logits")
 
 
 @dataclass
@@ -32,11 +35,12 @@ class DenseConfig:
     """A DPT-style dense head over a ViT's intermediate tokens (transformers' DepthAnythingConfig and DPTConfig)."""
 
     task: str = "depth"  # TASKS
+    head: str = "dpt"  # HEADS
     # which tokens the neck reads: indices of the backbone's hidden states (0 the embedding output, k block k's)
     taps: tuple[int, ...] = (9, 10, 11, 12)
     tap_norm: bool = True  # the backbone's final norm on every tap (transformers' Dinov2Backbone; DPT's ViT: off)
     readout: str = "ignore"  # READOUTS
-    readout_act: str = "gelu"  # READOUT_ACTS: after the 'project' readout's Linear (DPT's hidden_act)
+    readout_act: str = "gelu"  # READOUT_ACTS: after the 'project' readout's Linear (DPT's hidden_act); EoMT's head's
     # the neck lays each tap's N tokens out as a sqrt(N) x sqrt(N) grid whatever the input's shape (DPT's own ViT):
     # square inputs only, at one size
     square_grid: bool = False
@@ -53,12 +57,19 @@ class DenseConfig:
     num_labels: int = 0  # segmentation: the classes scored at each pixel
     depth_type: str = "relative"  # DEPTH_TYPES
     max_depth: float = 1.0  # the output's scale (metric depth: its range in metres)
+    # EoMT: its queries, the blocks they join (the backbone's last query_blocks), the x2 upsamplings of the patch
+    # tokens the masks are read at, and the patch grid it runs at (transformers' EoMT takes its image_size alone)
+    num_queries: int = 0
+    query_blocks: int = 0
+    upscale_blocks: int = 0
+    grid: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         self.taps = tuple(self.taps)
         self.reassemble_factors = tuple(self.reassemble_factors)
         self.neck_hidden_sizes = tuple(self.neck_hidden_sizes)
-        for name, table in (("task", TASKS), ("readout", READOUTS), ("readout_act", READOUT_ACTS),
+        self.grid = tuple(self.grid) if self.grid is not None else None  # type: ignore[assignment]
+        for name, table in (("task", TASKS), ("head", HEADS), ("readout", READOUTS), ("readout_act", READOUT_ACTS),
                             ("depth_type", DEPTH_TYPES),
                             ("fusion_upsample", FUSION_UPSAMPLES), ("head_upsample", HEAD_UPSAMPLES)):
             if getattr(self, name) not in table:
@@ -90,19 +101,38 @@ class DenseConfig:
         self._check_task()
 
     def _check_task(self) -> None:
+        if self.head == "eomt":
+            self._check_eomt()
         if self.task == "depth":
             return
         if not isinstance(self.num_labels, int) or isinstance(self.num_labels, bool) or \
                 not 0 < self.num_labels <= MAX_CHANNELS:
             raise VitexportError(f"A segmentation head scores 1..{MAX_CHANNELS} labels, not {self.num_labels!r}.")
-        if self.head_upsample != "x2" or self.head_projection:
+        if self.head == "dpt" and (self.head_upsample != "x2" or self.head_projection):
             raise VitexportError("DPT's segmentation head upsamples x2 and has no projection (head_upsample 'x2', "
                                  "head_projection false).")
 
+    def _check_eomt(self) -> None:
+        if self.task != "segmentation":
+            raise VitexportError("EoMT's head segments: its task is 'segmentation'.")
+        for name in ("num_queries", "query_blocks", "upscale_blocks"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not (0 <= v <= MAX_CHANNELS) or \
+                    (v == 0 and name != "upscale_blocks"):
+                raise VitexportError(f"EoMT's {name} {v!r} is not a count vitexport builds.")
+        if self.grid is None or len(self.grid) != 2 or not all(isinstance(g, int) and g > 0 for g in self.grid):
+            raise VitexportError(f"EoMT's patch grid {self.grid!r} is not a size.")
+
     @property
     def output(self) -> str:
-        """The graph's output name: the library's own (`predicted_depth`, or `logits` for segmentation)."""
-        return OUTPUT_NAMES[self.task]
+        """The output every check judges: the library's own (`predicted_depth`, or `logits` for segmentation); EoMT's
+        semantic map (`semantic_probs`, beside transformers' class and mask logits)."""
+        return EOMT_OUTPUTS[0] if self.head == "eomt" else OUTPUT_NAMES[self.task]
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every output of the graph, the judged one first."""
+        return EOMT_OUTPUTS if self.head == "eomt" else (self.output,)
 
     def output_size(self, grid: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:
         """(H', W') of the output for a patch grid: the grid x patch (Depth Anything), or what DPT's x2 steps make
@@ -119,9 +149,16 @@ class DenseConfig:
 
         return (side(grid[0]), side(grid[1]))
 
-    def output_dims(self, grid: tuple[int, int], patch: tuple[int, int], dynamic: bool = False) -> list[Any]:
+    def output_dims(self, grid: tuple[int, int], patch: tuple[int, int], dynamic: bool = False,
+                    name: str | None = None) -> list[Any]:
         """The output's axes after the batch, as a manifest records them: [labels,] H', W' (symbolic for a
-        dynamic-size export: 'out_height', 'out_width')."""
+        dynamic-size export: 'out_height', 'out_width'); EoMT's by name: queries x (labels + 1), queries x mask
+        size, labels x mask size."""
+        if self.head == "eomt":
+            side = 2 ** self.upscale_blocks
+            hw_ = [grid[0] * side, grid[1] * side]
+            return {"class_queries_logits": [self.num_queries, self.num_labels + 1],
+                    "masks_queries_logits": [self.num_queries, *hw_]}.get(name or "", [self.num_labels, *hw_])
         hw: list[Any] = ["out_height", "out_width"] if dynamic else list(self.output_size(grid, patch))
         return ([self.num_labels] if self.task == "segmentation" else []) + hw
 

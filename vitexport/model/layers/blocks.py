@@ -126,8 +126,11 @@ class Block(nn.Module):
         self.ls2 = a.layer_scale()
         self.drop_path2 = _drop_path(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))  # (B, N, D)
+    def forward(self, x: torch.Tensor, attn_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """attn_bias: added to the attention logits (B or 1, 1 or H, N, N): EoMT's masked attention."""
+        h = self.norm1(x)
+        h = self.attn(h) if attn_bias is None else self.attn(h, attn_bias=attn_bias)
+        x = x + self.drop_path1(self.ls1(h))  # (B, N, D)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))  # (B, N, D)
 
 
