@@ -123,3 +123,71 @@ def test_a_flipped_map_fails_strict(depth_folder, tmp_path):
     st = rows["onnxruntime cpu int8"]["parity"]
     assert st["status"] == "fail" and any("AbsRel" in f for f in st["failures"])
     assert st["truth"]["absrel"]["diff_ci"][0] > 0  # worse against the truth too, decided on these images
+
+
+@pytest.fixture(scope="module")
+def segmentation_folder(tmp_path_factory):
+    """An EoMT export, and photos with class masks: the reference's own map (argmax of its semantic map, cut to the
+    photo and resized as predict does), with a band of ignored pixels."""
+    from test_dense_eomt import TINY, save_eomt
+
+    from vitexport.deploy.dense import resize_maps
+
+    tmp = tmp_path_factory.mktemp("seg-bench")
+    save_eomt(tmp / "saved", TINY, sharp=True, seed=5)
+    out = tmp / "out"
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp / "saved"), "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    pp = Preprocess.from_dict(json.loads((out / "manifest.json").read_text())["preprocess"])
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    data = tmp / "data"
+    data.mkdir()
+    for photo in PHOTOS:
+        with Image.open(photo) as img:
+            rgb = img.convert("RGB")
+        rgb.save(data / f"{photo.stem}.png")
+        semantic = sess.run(["semantic_probs"], {"pixel_values": load_image(photo, pp)[None]})[0][0]
+        size = (rgb.height, rgb.width)
+        mask = resize_maps(pp.image_part(semantic, size), size, "bilinear").argmax(0).astype(np.uint8)
+        mask[: rgb.height // 10] = 255  # ignored
+        Image.fromarray(mask, mode="L").save(data / f"{photo.stem}.mask.png")
+    return out, data
+
+
+def test_a_segmentation_set_is_judged_by_pixel_agreement_and_miou(segmentation_folder, tmp_path):
+    """Every CPU row: pixel agreement and the set's mIoU against the reference, and against the class masks mIoU
+    and pixel accuracy; the reference's map is the truth here, so its own figures are 1. A graph whose two classes
+    are swapped fails --strict."""
+    out, data = segmentation_folder
+    r, rows = bench(out, data)
+    assert r.exit_code == 0, r.output
+    for name, row in rows.items():
+        st = row["parity"]
+        assert st["dense"] == "segmentation" and st["miou_ci"][0] <= st["miou"] <= st["miou_ci"][1], name
+        assert st["truth"]["miou"]["reference"] == pytest.approx(1.0, abs=0.02), name  # resized twice: edges
+        assert st["truth"]["pixel_acc"]["reference"] > 0.99, name
+    assert rows["onnxruntime cpu fp32"]["parity"]["pixel_agree"] > 0.9999
+    import shutil
+
+    folder = tmp_path / "swapped"
+    shutil.copytree(out, folder)
+    path = folder / "model.onnx"
+    g = onnx.load(str(path))
+    g.graph.node[-1].output[:] = ["semantic_unswapped" if o == "semantic_probs" else o for o in g.graph.node[-1].output]
+    for n in g.graph.node:
+        n.output[:] = ["semantic_unswapped" if o == "semantic_probs" else o for o in n.output]
+        n.input[:] = ["semantic_unswapped" if i == "semantic_probs" else i for i in n.input]
+    g.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 0, 2], np.int64), "swap"))
+    g.graph.node.append(onnx.helper.make_node("Gather", ["semantic_unswapped", "swap"], ["semantic_probs"], axis=1,
+                                              name="swap"))
+    onnx.save(g, str(path))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["onnx_sha256"], manifest["onnx_bytes"] = sha256_file(path), path.stat().st_size
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    r, rows = bench(folder, data, "--strict")
+    assert r.exit_code == 1, r.output
+    st = rows["onnxruntime cpu fp32"]["parity"]
+    assert st["status"] == "fail" and any("pixel agreement" in f for f in st["failures"])
+    assert st["truth"]["miou"]["diff_ci"][1] < 0  # worse against the truth, decided on these images

@@ -48,7 +48,7 @@ def save_eomt(folder, config: dict, probs=None, seed=0, sharp=False, dinov3=Fals
             model.attn_mask_probs.copy_(torch.tensor(probs, dtype=torch.float32))
         if sharp:  # queries sure of their class and masks of high contrast: a map of several classes
             model.class_predictor.weight.mul_(30)
-            model.mask_head.fc3.weight.mul_(30)
+            model.mask_head.fc3.weight.mul_(3)
     model.save_pretrained(folder)
     return model
 

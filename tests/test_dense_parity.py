@@ -10,7 +10,7 @@ import torch
 
 from vitexport.parity.accumulate import ParityAccumulator, Truth
 from vitexport.parity.compare import DEFAULT_THRESHOLDS, describe, judge
-from vitexport.parity.dense import depth_figures, miou, segmentation_figures
+from vitexport.parity.dense import bootstrap_miou, class_counts, depth_figures, miou, set_miou
 from vitexport.parity.stats import mean_interval, t975
 
 transformers = pytest.importorskip("transformers")
@@ -110,8 +110,24 @@ def test_two_swapped_classes_fail_the_gate():
     honest = logits + 1e-4 * rng.standard_normal(logits.shape).astype(np.float32)
     verdict = _judge(logits, honest, "fp16", "segmentation")
     assert verdict.passed, verdict.problems()
-    agree, _ = segmentation_figures(logits, honest)
-    assert agree.min() > 0.99
+    assert verdict.stats.pixel_agree > 0.99 and verdict.stats.miou > 0.99
+
+
+def test_the_sets_miou_pools_pixels_and_its_interval_holds_it():
+    """mIoU over a set pools each class's pixels over its images (a rare class missed in one image does not count
+    as an IoU of 0 for that image alone), and the bootstrap interval brackets it; the same resample for two sets
+    gives a paired difference interval that excludes 0 when one set is worse on every image."""
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 4, (20, 100))
+    b = a.copy()
+    b[:, :5] = (b[:, :5] + 1) % 4  # 5 % of each image's pixels moved to another class
+    inter, union = class_counts(a, b, 4)
+    want = np.mean([(inter[:, c].sum() / union[:, c].sum()) for c in range(4)])
+    assert set_miou(inter, union) == pytest.approx(want)
+    c = a.copy()
+    c[:, :20] = (c[:, :20] + 1) % 4  # worse everywhere
+    (lo, hi), _, (dlo, dhi) = bootstrap_miou([(inter, union), class_counts(a, c, 4)])
+    assert lo <= set_miou(inter, union) <= hi and dhi < 0
 
 
 def test_a_set_too_small_says_so(depths):
@@ -133,10 +149,10 @@ def test_segmentation_against_its_truth_by_hand():
     logits[0, 0, :] = 5  # top row class 0
     logits[1, 1, :] = 5  # bottom row class 1
     mask = np.array([[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 2, 2], [255, 255, 255, 255]])
-    miou_, acc = segmentation_truth_figures(logits, mask, 255)
+    acc, inter, union = segmentation_truth_figures(logits, mask, 255)
     # predicted: rows 0-1 class 0, rows 2-3 class 1; counted pixels rows 0-2: class 0 IoU 1, class 1 IoU 2/4,
     # class 2 IoU 0 -> mIoU 1.5 / 3; accuracy 10 of 12
-    assert miou_ == pytest.approx(0.5) and acc == pytest.approx(10 / 12)
+    assert set_miou(inter[None], union[None]) == pytest.approx(0.5) and acc == pytest.approx(10 / 12)
 
 
 def test_relative_depth_is_aligned_by_scale_and_shift_in_disparity():

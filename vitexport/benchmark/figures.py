@@ -23,8 +23,8 @@ def dense_text(st) -> str:
         text = (f"AbsRel {st.absrel:.4f} [{st.absrel_ci[0]:.4f}, {st.absrel_ci[1]:.4f}], delta1 "
                 f"{_pct(st.delta1, st.delta1_ci)} (per image, mean over {st.n:,} images, 95% intervals)")
     else:
-        text = (f"pixel agreement {_pct(st.pixel_agree, st.pixel_agree_ci)}, mIoU {_pct(st.miou, st.miou_ci)} (per "
-                f"image, mean over {st.n:,} images, 95% intervals)")
+        text = (f"pixel agreement {_pct(st.pixel_agree, st.pixel_agree_ci)} (per image, mean over {st.n:,} images), "
+                f"mIoU over the set {_pct(st.miou, st.miou_ci)} (95% intervals)")
     return text + ("" if not st.truth else "; " + truth_text(st.truth))
 
 

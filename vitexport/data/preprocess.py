@@ -51,6 +51,16 @@ class Preprocess:
         ratio = min(h / sh, w / sw)
         return round(w / ratio), round(h / ratio)
 
+    def image_part(self, maps, size: tuple[int, int]):
+        """(..., h, w) maps over the model's input -> the part over the image of `size` (H, W): all of it, except
+        for 'pad', where the image fills the top left and the rest is padding."""
+        if self.crop_mode != "pad":
+            return maps
+        th, tw = self.input_size
+        nw, nh = self.resized_size(size[1], size[0])
+        h, w = maps.shape[-2:]
+        return maps[..., :max(1, round(h * min(nh, th) / th)), :max(1, round(w * min(nw, tw) / tw))]
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["input_size"] = list(self.input_size)

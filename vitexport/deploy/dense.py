@@ -8,7 +8,8 @@ few batches whatever the number of images):
   `<stem>.depth.color.png` (the map normalised per image, colour-mapped: near is bright for a relative model's
   disparity, far is bright for metric depth);
 - segmentation (`logits`, EoMT's `semantic_probs`): resized bilinearly (align_corners False) to the image's size,
-  argmax (post_process_semantic_segmentation), the padding of an EoMT input cut off first (`unpadded`); `<stem>.seg.png` (a palette PNG of class indices), `<stem>.overlay.png`
+  argmax (post_process_semantic_segmentation), the padding of an EoMT input cut off first (transformers'
+  post-processing stretches the padded map over the image instead); `<stem>.seg.png` (a palette PNG of class indices), `<stem>.overlay.png`
   (the classes' colours over the image) and the share of pixels of each class in the JSON line.
 
 One JSON object per image gives its files and figures (`predict --jsonl` prints them).
@@ -144,22 +145,11 @@ def iter_dense(folder: ModelFolder, images: Sequence[Path | str], out: Path, *, 
                     depth = resize_maps(m[None], size, "bicubic")[0]
                     written, figures = depth_files(depth, out, stems[i], metric, float(dense.get("max_depth", 1)))
                 else:
-                    classes = resize_maps(unpadded(m, size, manifest.preprocess), size, "bilinear").argmax(0)
+                    # the map over the image alone (EoMT's input is padded below and right of it)
+                    classes = resize_maps(manifest.preprocess.image_part(m, size), size, "bilinear").argmax(0)
                     written, figures = segmentation_files(classes, img, out, stems[i], m.shape[0])
             yield DenseResult(display_path(f), written, figures)
             i += 1
-
-
-def unpadded(maps: np.ndarray, size: tuple[int, int], pp) -> np.ndarray:
-    """(C, h, w) maps of an input the image filled only part of ('pad': at the top left, EoMT's processor) -> the
-    part that covers the image. transformers' post_process_semantic_segmentation resizes the whole padded map to the
-    image's size instead, stretching the padding over it."""
-    if pp.crop_mode != "pad":
-        return maps
-    th, tw = pp.input_size
-    nw, nh = pp.resized_size(size[1], size[0])
-    h, w = maps.shape[-2:]
-    return maps[:, :max(1, round(h * min(nh, th) / th)), :max(1, round(w * min(nw, tw) / tw))]
 
 
 def _stems(files: list[Path]) -> list[str]:

@@ -10,8 +10,8 @@ from typing import Callable
 import numpy as np
 
 from .compare import ParityStats
-from .dense import FIGURES, TRUTH_FIGURES, figures
-from .stats import clopper_pearson, mean_interval, paired_drop
+from .dense_accumulate import DenseAccumulator
+from .stats import clopper_pearson, paired_drop
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -40,6 +40,8 @@ class Truth:
     # image has one (validate.evaluate reads them, data.dense_truth)
     read_truth: "Callable[[int], np.ndarray | None] | None" = None
     relative_depth: bool = True  # a relative depth model: aligned to the truth by scale and shift first
+    # (maps, image size) -> the part of the maps over the image (an input padded around it: data.Preprocess)
+    image_part: "Callable[[np.ndarray, tuple[int, int]], np.ndarray] | None" = None
 
 
 def _restricted_top1(logits: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -68,21 +70,15 @@ class ParityAccumulator:
         self.ref_in_top5 = np.zeros(self.n, bool)  # the reference's top-1 is in the candidate's top-5
         self.right = {k: np.zeros(self.n, bool) for k in ("ref1", "out1", "ref5", "out5")}
         self.dense = truth.dense
-        self.per_image = {k: np.zeros(self.n, np.float64) for k in FIGURES.get(self.dense or "", ())}
-        self.truth = truth if truth.read_truth is not None else None
-        # per image, against its ground truth: the reference's figures and the candidate's (NaN: no truth)
-        self.against_truth = {f"{who}_{k}": np.full(self.n, np.nan) for who in ("ref", "out")
-                              for k in TRUTH_FIGURES.get(self.dense or "", ())}
+        self.dense_figures = None if truth.dense is None else \
+            DenseAccumulator(truth.dense, self.n, truth.read_truth, truth.relative_depth, truth.image_part)
 
     def update(self, start: int, ref: np.ndarray, out: np.ndarray) -> None:
         if self.dense is not None:
             clean = np.nan_to_num(np.asarray(out, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
             if np.size(ref) == clean.size:  # a stored reference comes back flattened per image (data.OutputStore)
                 ref = np.asarray(ref).reshape(clean.shape)
-            for name, v in zip(self.per_image, figures(self.dense, np.asarray(ref), clean)):
-                self.per_image[name][start:start + len(ref)] = v
-            if self.truth is not None:
-                self._against_truth(start, np.asarray(ref), clean)
+            self.dense_figures.update(start, np.asarray(ref), clean)
         ref = np.asarray(ref, dtype=np.float64).reshape(len(ref), -1)
         out = np.asarray(out, dtype=np.float64).reshape(len(out), -1)
         if ref.shape != out.shape:
@@ -139,53 +135,9 @@ class ParityAccumulator:
             st.acc, st.acc_drop = 0.0, st.acc_ref * 100
         return st
 
-    def _against_truth(self, start: int, ref: np.ndarray, out: np.ndarray) -> None:
-        """Each image of the batch that has a ground-truth map: the reference's and the candidate's task figures
-        against it."""
-        from .dense import IGNORE_INDEX, depth_truth_figures, segmentation_truth_figures
-
-        t = self.truth
-        for i in range(len(ref)):
-            gt = t.read_truth(start + i)
-            if gt is None:
-                continue
-            if self.dense == "depth":
-                pairs = [depth_truth_figures(x[i], gt, t.relative_depth) for x in (ref, out)]
-            else:
-                pairs = [segmentation_truth_figures(x[i], gt, IGNORE_INDEX) for x in (ref, out)]
-            names = TRUTH_FIGURES[self.dense]
-            for who, values in zip(("ref", "out"), pairs):
-                for k, v in zip(names, values):
-                    self.against_truth[f"{who}_{k}"][start + i] = v
-
-    def _truth_figures(self, st: ParityStats) -> None:
-        """Means over the images with ground truth: the candidate's with its 95 % interval, the reference's, and
-        the paired difference (candidate - reference) with its 95 % interval."""
-        if self.truth is None or self.dense is None:
-            return
-        names = TRUTH_FIGURES[self.dense]
-        has = np.isfinite(self.against_truth[f"ref_{names[0]}"]) & np.isfinite(self.against_truth[f"out_{names[0]}"])
-        if not has.any():
-            return
-        out: dict = {"n": int(has.sum())}
-        for k in names:
-            ref, cand = self.against_truth[f"ref_{k}"][has], self.against_truth[f"out_{k}"][has]
-            m, lo, hi = mean_interval(cand)
-            lo, hi = max(lo, 0.0), hi if k == "absrel" else min(hi, 1.0)  # an error above 0, a share within [0, 1]
-            d, dlo, dhi = mean_interval(cand - ref)
-            out[k] = {"reference": float(ref.mean()), "value": m, "ci": [lo, hi], "diff": d, "diff_ci": [dlo, dhi]}
-        st.truth = out
-
     def _dense(self, st: ParityStats) -> None:
-        """A dense output's per-image task figures: their means with 95 % intervals."""
-        if self.dense is None:
-            return
-        st.dense = self.dense
-        self._truth_figures(st)
-        for name, v in self.per_image.items():
-            m, lo, hi = mean_interval(v) if self.finite else (float("nan"),) * 3
-            setattr(st, name, m)  # a share stays within [0, 1], an error above 0
-            setattr(st, f"{name}_ci", [max(lo, 0.0), hi if name == "absrel" else min(hi, 1.0)])
+        if self.dense_figures is not None:
+            self.dense_figures.fill(st, self.finite)
 
     def _subset(self, st: ParityStats) -> None:
         """Top-1 with the logits restricted to the classes the set covers."""

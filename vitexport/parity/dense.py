@@ -5,9 +5,10 @@
   max(d / d_ref, d_ref / d) < 1.25 (a pixel the candidate puts at 0 or below misses it), as they are: a backend must
   give the same numbers, scale included;
 - segmentation (`logits`, (B, C, H, W)): the share of pixels whose class (the argmax) is the reference's, and the mIoU
-  of the candidate's map against the reference's (over the classes either map has).
+  of the candidate's map against the reference's over the set (each class's pixels pooled over the images).
 
-Per image only these figures are kept (parity.accumulate); the means carry 95 % t-intervals (parity.stats).
+Per image only these figures are kept (parity.accumulate: a depth's two numbers, a segmentation's pixel share and
+its classes' intersections and unions); means carry 95 % t-intervals (parity.stats), a set's mIoU a bootstrap one.
 """
 
 from __future__ import annotations
@@ -62,20 +63,53 @@ def miou(a: np.ndarray, b: np.ndarray, classes: int, ignore: int | None = None) 
     return out
 
 
-def segmentation_figures(ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per image of (B, C, H, W) logits: (pixel agreement, mIoU) of the candidate's class map with the reference's."""
+def class_counts(a: np.ndarray, b: np.ndarray, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per image of (B, P) class maps: (intersection, union) of each class's pixels in `a` and in `b`, (B, C)
+    each."""
+    inter = np.stack([np.bincount(x[x == y], minlength=classes)[:classes] for x, y in zip(a, b)])
+    union = np.stack([np.bincount(x, minlength=classes)[:classes] + np.bincount(y, minlength=classes)[:classes]
+                      for x, y in zip(a, b)]) - inter
+    return inter.astype(np.float64), union.astype(np.float64)
+
+
+def set_miou(inter: np.ndarray, union: np.ndarray) -> float:
+    """The mIoU of a set from its images' (N, C) counts: per class, its pixels' IoU over the whole set; their mean
+    over the classes the set has (the standard mIoU; a per-image mean swings with each image's rarest class)."""
+    i, u = inter.sum(0), union.sum(0)
+    present = u > 0
+    return float((i[present] / u[present]).mean()) if present.any() else 1.0
+
+
+def bootstrap_miou(counts: list[tuple[np.ndarray, np.ndarray]], resamples: int = 1000,
+                   seed: int = 0) -> list[list[float]]:
+    """95 % percentile intervals of each set's mIoU and of the differences of the later ones from the first, the
+    images resampled together (the same resample for every set: paired), deterministic."""
+    n = len(counts[0][0])
+    rng = np.random.default_rng(seed)
+    draws = np.zeros((resamples, len(counts)))
+    for start in range(0, resamples, 100):
+        w = rng.multinomial(n, np.full(n, 1.0 / n), size=min(100, resamples - start)).astype(np.float64)
+        for j, (inter, union) in enumerate(counts):
+            i, u = w @ inter, w @ union  # (R, C)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                iou = np.where(u > 0, i / np.where(u > 0, u, 1), np.nan)
+            draws[start:start + len(w), j] = np.nan_to_num(np.nanmean(iou, axis=1), nan=1.0)
+    cols = [draws[:, j] for j in range(len(counts))] + [draws[:, j] - draws[:, 0] for j in range(1, len(counts))]
+    return [[float(np.percentile(c, 2.5)), float(np.percentile(c, 97.5))] for c in cols]
+
+
+def figures(kind: str, ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per image: depth's (AbsRel, delta1); segmentation's (pixel agreement, intersections, unions)."""
+    if kind == "depth":
+        return depth_figures(ref, out)
     a, b = class_maps(ref), class_maps(out)
-    return (a == b).mean(1), miou(a, b, ref.shape[1])
-
-
-def figures(kind: str, ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return depth_figures(ref, out) if kind == "depth" else segmentation_figures(ref, out)
+    return ((a == b).mean(1), *class_counts(a, b, ref.shape[1]))
 
 
 # -- against ground truth (data.dense_truth): each backend's map at the truth's own size, as the processor
 # post-processes it (depth bicubic, segmentation logits bilinear), judged by the task's metric ------------------------
 
-TRUTH_FIGURES = {"depth": ("absrel", "delta1"), "segmentation": ("miou", "pixel_acc")}
+TRUTH_FIGURES = {"depth": ("absrel", "delta1"), "segmentation": ("pixel_acc", "miou")}
 
 
 def _resize(maps: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
@@ -110,12 +144,15 @@ def depth_truth_figures(pred: np.ndarray, gt: np.ndarray, relative: bool) -> tup
     return float((np.abs(d - g) / g).mean()), float((ratio < DELTA1).mean())
 
 
-def segmentation_truth_figures(logits: np.ndarray, mask: np.ndarray, ignore: int) -> tuple[float, float]:
-    """(mIoU, pixel accuracy) of one (C, h, w) logits map against its (H, W) class-index truth."""
+def segmentation_truth_figures(logits: np.ndarray, mask: np.ndarray, ignore: int) -> tuple[np.ndarray, ...]:
+    """One (C, h, w) logits map against its (H, W) class-index truth: (pixel accuracy, the C classes' intersections,
+    unions) over the pixels the truth does not ignore (a truth class the model does not have counts against the
+    class predicted there)."""
     pred = _resize(logits, mask.shape, "bilinear").argmax(0).ravel()
     truth = mask.ravel()
     keep = truth != ignore
+    classes = logits.shape[0]
     if not keep.any():
-        return float("nan"), float("nan")
-    classes = max(logits.shape[0], int(truth[keep].max()) + 1)
-    return float(miou(truth[keep][None], pred[keep][None], classes)[0]), float((pred[keep] == truth[keep]).mean())
+        return np.array(np.nan), np.zeros(classes), np.zeros(classes)
+    inter, union = class_counts(truth[keep][None], pred[keep][None], classes)
+    return np.array((pred[keep] == truth[keep]).mean()), inter[0], union[0]

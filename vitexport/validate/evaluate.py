@@ -94,7 +94,8 @@ class ValidationSet:
             from ..data.dense_truth import truth_reader
 
             reader = truth_reader(self.dense_truth, self.dense, self.depth_scale)
-        return Truth(self.labels, self.subset, self.real, self.dense, reader, self.relative_depth)
+        return Truth(self.labels, self.subset, self.real, self.dense, reader, self.relative_depth,
+                     self.inputs.pp.image_part if reader is not None else None)
 
     def __len__(self) -> int:
         return self.inputs.n
