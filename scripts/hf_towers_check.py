@@ -79,7 +79,77 @@ MODELS = {
         "BeitForImageClassification", "logits", "BeitImageProcessorPil",
         dict(size={"height": 224, "width": 224}, do_center_crop=False, resample=2, image_mean=[0.5] * 3,
              image_std=[0.5] * 3)),
+    # Depth Anything V1 and V2 (convert_depth_anything_to_hf.py): a DINOv2 backbone at 518, its taps, the DPT head;
+    # the processor keeps each image's aspect ratio at a multiple of 14
+    **{repo: ("DepthAnythingConfig", dict(
+        backbone_config=dict(model_type="dinov2", image_size=518, patch_size=14, hidden_size=width,
+                             num_hidden_layers=depth, num_attention_heads=heads, out_indices=taps,
+                             apply_layernorm=True, reshape_hidden_states=False),
+        reassemble_hidden_size=width, patch_size=14, fusion_hidden_size=fusion, neck_hidden_sizes=neck, **extra),
+        "DepthAnythingForDepthEstimation", "predicted_depth", "DPTImageProcessorPil",
+        dict(size={"height": 518, "width": 518}, keep_aspect_ratio=True, ensure_multiple_of=14, resample=3,
+             **IMAGENET))
+       for repo, (width, depth, heads, taps, fusion, neck, extra) in {
+           "depth-anything/Depth-Anything-V2-Small-hf": (384, 12, 6, [3, 6, 9, 12], 64, [48, 96, 192, 384], {}),
+           "depth-anything/Depth-Anything-V2-Base-hf": (768, 12, 12, [3, 6, 9, 12], 128, [96, 192, 384, 768], {}),
+           "depth-anything/Depth-Anything-V2-Large-hf": (1024, 24, 16, [5, 12, 18, 24], 256,
+                                                         [256, 512, 1024, 1024], {}),
+           "LiheYoung/depth-anything-small-hf": (384, 12, 6, [9, 10, 11, 12], 64, [48, 96, 192, 384], {}),
+           "depth-anything/Depth-Anything-V2-Metric-Indoor-Small-hf": (
+               384, 12, 6, [3, 6, 9, 12], 64, [48, 96, 192, 384],
+               dict(depth_estimation_type="metric", max_depth=20)),
+       }.items()},
+    # DPT-Large (dpt/convert_dpt_to_pytorch.py, get_dpt_config's "large": a ViT-L/16 at DPTConfig's 384, its taps
+    # and neck; the rest DPTConfig's defaults); its processor DPTImageProcessor(size=384) (convert_dpt_checkpoint)
+    # with the class's defaults: a fixed 384x384, bicubic, mean/std 0.5
+    "Intel/dpt-large": (
+        "DPTConfig", dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                          backbone_out_indices=[5, 11, 17, 23], neck_hidden_sizes=[256, 512, 1024, 1024]),
+        "DPTForDepthEstimation", "predicted_depth", "DPTImageProcessorPil",
+        dict(size=384, resample=3, image_mean=[0.5] * 3, image_std=[0.5] * 3)),
+    # DPT over DINOv2-S (dpt/convert_dinov2_depth_to_hf.py, get_dpt_config's "small": facebook/dinov2-small's config,
+    # hidden_size 384 and 6 heads at 518 / 14 as dinov2/convert_dinov2_to_hf.py's get_dinov2_config makes "vits",
+    # with out_indices [3, 6, 9, 12], no layernorm on the taps, not reshaped; the neck and head options); its
+    # processor (convert_dpt_checkpoint): no resize, no rescale, the original's 0..255 mean/std, centre-padded to a
+    # multiple of 14 (the script's size_divisibility=14: DPTImageProcessor's size_divisor)
+    "facebook/dpt-dinov2-small-nyu": (
+        "DPTConfig", dict(
+            backbone_config=dict(model_type="dinov2", image_size=518, patch_size=14, hidden_size=384,
+                                 num_attention_heads=6, out_indices=[3, 6, 9, 12], apply_layernorm=False,
+                                 reshape_hidden_states=False),
+            neck_hidden_sizes=[48, 96, 192, 384], use_bias_in_fusion_residual=False, add_projection=True),
+        "DPTForDepthEstimation", "predicted_depth", "DPTImageProcessorPil",
+        dict(do_resize=False, do_rescale=False, do_pad=True, size_divisor=14, do_normalize=True,
+             image_mean=[123.675, 116.28, 103.53], image_std=[58.395, 57.12, 57.375])),
+    # EoMT-L at 640 on DINOv2 (eomt/convert_eomt_to_hf.py, convert_model: EomtConfig from the original repository's
+    # config.json with layerscale_value 1e-5; EomtConfig's defaults are this checkpoint's ViT-L/16 with 4 registers,
+    # 200 queries over the last 4 blocks, 2 upscale blocks; 133 COCO panoptic labels: the integration test's class
+    # logits (1, 200, 134), tests/models/eomt/test_modeling_eomt.py); a panoptic processor: the longer side to 640,
+    # padded (do_pad), no split, EomtImageProcessor's bilinear and ImageNet mean/std. Judged on its mask and class
+    # logits by name (its graph leads with vitexport's semantic_probs)
+    "tue-mps/coco_panoptic_eomt_large_640": (
+        "EomtConfig", dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, image_size=640,
+                           patch_size=16, num_register_tokens=4, num_queries=200, num_blocks=4, num_upscale_blocks=2,
+                           layerscale_value=1e-5, num_labels=133),
+        "EomtForUniversalSegmentation", "masks_queries_logits", "EomtImageProcessorPil",
+        dict(size={"shortest_edge": 640, "longest_edge": 640}, do_split_image=False, do_pad=True, resample=2,
+             **IMAGENET)),
+    # EoMT-S at 640 on DINOv3 ViT-S/16: transformers' conversion (eomt_dinov3/convert_eomt_dinov3_to_hf.py via
+    # convert.sh, of tue-mps/coco_panoptic_eomt_small_640_dinov3 on facebook/dinov3-vits16-pretrain-lvd1689m) as
+    # the config.json and preprocessor_config.json it wrote beside them hold: the backbone's sizes, eps 1e-5, RoPE
+    # theta 100, no key bias; 200 queries over the last 3 blocks, 133 labels; the processor as convert_model makes it
+    "tue-mps/eomt-dinov3-coco-panoptic-small-640": (
+        "EomtDinov3Config", dict(hidden_size=384, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=6,
+                                 image_size=640, patch_size=16, num_register_tokens=4, layer_norm_eps=1e-5,
+                                 layerscale_value=1.0, rope_theta=100.0, query_bias=True, key_bias=False,
+                                 value_bias=True, use_gated_mlp=False, num_queries=200, num_blocks=3,
+                                 num_upscale_blocks=2, num_labels=133),
+        "EomtDinov3ForUniversalSegmentation", "masks_queries_logits", "EomtImageProcessorPil",
+        dict(size={"shortest_edge": 640, "longest_edge": 640}, do_split_image=False, do_pad=True, resample=2,
+             **IMAGENET)),
 }
+# outputs judged beside a row's own (the worse error counts): EoMT's class logits beside its mask logits
+ALSO = {"masks_queries_logits": ("class_queries_logits",)}
 
 
 class Refused(Exception):
@@ -109,13 +179,16 @@ def patches_of(x: torch.Tensor, patch: int) -> dict:
             "pixel_attention_mask": torch.ones(b, n, dtype=torch.long), "spatial_shapes": torch.tensor([[h // patch, w // patch]] * b)}
 
 
-def output_of(model, output: str, x: torch.Tensor) -> np.ndarray:
+def output_of(model, outputs: tuple[str, ...], x: torch.Tensor) -> list[np.ndarray]:
+    """transformers' outputs of those names, from one forward pass."""
     with torch.no_grad():
-        if output == "image_features":  # a whole two-tower model: its image features
-            return model.get_image_features(pixel_values=x).pooler_output.numpy()
+        if outputs == ("image_features",):  # a whole two-tower model: its image features
+            return [model.get_image_features(pixel_values=x).pooler_output.numpy()]
         if model.config.model_type == "siglip2_vision_model":
-            return getattr(model(**patches_of(x, model.config.patch_size)), output).numpy()
-        return getattr(model(pixel_values=x), output).numpy()
+            out = model(**patches_of(x, model.config.patch_size))
+        else:
+            out = model(pixel_values=x)
+        return [getattr(out, o).numpy() for o in outputs]
 
 
 def check(repo: str, tmp: Path) -> dict:
@@ -132,6 +205,10 @@ def check(repo: str, tmp: Path) -> dict:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
+        if output == "predicted_depth":  # a depth above zero, as a trained model's (a ReLU of noise is mostly 0):
+            # the head's last convolution (Depth Anything's head.conv3, DPT's head.head[4])
+            [*_, last] = (m for m in model.head.modules() if isinstance(m, torch.nn.Conv2d))
+            last.bias.fill_(1.0)
     processor = getattr(transformers, proc_cls)(**proc_kw) if proc_cls else None
     saved, out = tmp / repo.split("/")[1], tmp / "export"
     model.save_pretrained(saved)
@@ -144,9 +221,14 @@ def check(repo: str, tmp: Path) -> dict:
     manifest = json.loads((out / "manifest.json").read_text())
     h, w = manifest["img_size"]
     x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))
-    want = output_of(model, output, x)
+    judged = (output, *ALSO.get(output, ()))
+    wants = output_of(model, judged, x)
+    want = wants[0]
     sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    names = [o.name for o in sess.get_outputs()]  # each judged output by name where the graph has it, else its first
+    gots = sess.run([o if o in names else names[0] for o in judged], {sess.get_inputs()[0].name: x.numpy()})
+    if output == "predicted_depth" and not (want > 0).mean() > 0.5:
+        raise SystemExit(f"{repo}: transformers' depth is mostly zero; the check would be vacuous")
     with Image.open(PHOTO) as img:
         naflex = model.config.model_type == "siglip2_vision_model"
         if naflex:  # its processor keeps the aspect ratio; the export takes a square image: a square photo
@@ -156,9 +238,9 @@ def check(repo: str, tmp: Path) -> dict:
         if naflex:  # compared as the processor's patches
             our_px = patches_of(torch.from_numpy(our_px)[None], model.config.patch_size)["pixel_values"][0].numpy()
             ref_px = ref_px[: len(our_px)]
-    return {"repo": repo, "class": model_cls, "output": output, "size": f"{h}x{w}",
+    return {"repo": repo, "class": model_cls, "output": ", ".join(judged), "size": f"{h}x{w}",
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-            "rel_err": float(np.abs(got - want).max() / max(1.0, np.abs(want).max())),
+            "rel_err": max(float(np.abs(g - w_).max() / max(1.0, np.abs(w_).max())) for g, w_ in zip(gots, wants)),
             "pixels": float(np.abs(our_px - ref_px).max()) if our_px.shape == ref_px.shape else float("inf"),
             "wall_s": wall, "rss_mb": rss}
 
@@ -170,16 +252,20 @@ def write(rows: list[dict], baseline: tuple[float, float], path: Path) -> None:
 
     from vitexport.environment import cpu_model
 
-    lines = ["# transformers' vision towers at their published sizes", "",
+    lines = ["# transformers' vision towers and dense models at their published sizes", "",
              "Made by `scripts/hf_towers_check.py` (do not edit by hand). Each model was built by transformers from "
              "the config its hub repository holds (random weights moved off their init), saved with `save_pretrained` "
              "with its image processor, and exported by `vitexport onnx -c FOLDER` (no `-m`) in a process of its "
              "own; the written ONNX file was run by ONNX Runtime (CPU) against transformers' output on two random "
              "images (a tower without a pooler: its tokens, last_hidden_state). *rel. error* is max abs / max(1, "
-             "|output|) (the tests' bound is 1e-4); *pixels* is the largest difference between the manifest's "
-             "preprocessing and the image processor's on a 451x300 photo, in normalised units (its PIL "
-             "implementation where it has one; DINOv3's and SigLIP2's resize with torch and keep the pixels as "
-             "floats, so up to one 8-bit level apart; SigLIP2's on a square crop of the photo, as its patches).", "",
+             "|output|) (the tests' bound is 1e-4; EoMT: the worse of its mask and class logits, each the ONNX "
+             "output of that name, its graph's first being vitexport's semantic_probs); *pixels* is the largest "
+             "difference between the manifest's preprocessing and the image processor's on a 451x300 photo, in "
+             "normalised units (its PIL implementation where it has one; DINOv3's and SigLIP2's resize with torch and "
+             "keep the pixels as floats, so up to one 8-bit level apart; SigLIP2's on a square crop of the photo, as "
+             "its patches; n/a: Depth Anything's processor keeps each photo's aspect ratio, and DPT-DINOv2's does not "
+             "resize at all (it pads to a multiple of 14), which a fixed-size export does not: it resizes to its "
+             "input size).", "",
              f"transformers {transformers.__version__}, torch {torch.__version__}; {cpu_model()}, "
              f"{os.cpu_count()} cores. Memory baseline: `vitexport onnx -m vit_base_patch16_224` (timm's ViT-B/16 by "
              f"name, random weights) took {baseline[0]:.0f} s at a peak RSS of {baseline[1]:,.0f} MB.", "",
@@ -189,8 +275,9 @@ def write(rows: list[dict], baseline: tuple[float, float], path: Path) -> None:
     for r in rows:
         if "refused" in r:
             continue
+        pixels = f"{r['pixels']:.1e}" if np.isfinite(r["pixels"]) else "n/a"
         lines.append(f"| {r['repo']} | {r['class']} | {r['output']} | {r['size']} | {r['params_m']:.1f} | "
-                     f"{r['rel_err']:.1e} | {r['pixels']:.1e} | {r['wall_s']:.0f} | {r['rss_mb']:,.0f} |")
+                     f"{r['rel_err']:.1e} | {pixels} | {r['wall_s']:.0f} | {r['rss_mb']:,.0f} |")
     if refused:
         lines += ["", "Refused, with the sentence `vitexport onnx` ends with (exit 2):", ""]
         lines += [f"- {r['repo']} ({r['class']}): {r['refused']}" for r in refused]
