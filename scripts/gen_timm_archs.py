@@ -6,7 +6,7 @@ count.
 timm keeps the arguments in code (each registered function builds `model_args` and hands them to the module's
 model class), not in the hub's config.json, so they are read here by calling each entrypoint with the model class's
 constructor replaced by a recorder: nothing is built, nothing is downloaded. Callables (norm, activation, MLP and
-block classes) become their names, and `vitexport.model.timm_args` translates each module's arguments (the same
+block classes) become their names, and `vitexport.model.readers.timm_args` translates each module's arguments (the same
 rules read a hub repository's model_args); anything it cannot is kept under `unsupported`, so vitexport can name
 it and refuse.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from vitexport.model.timm_args import MODULES, translate  # noqa: E402
+from vitexport.model.readers.timm_args import MODULES, translate  # noqa: E402
 
 TABLE = ROOT / "vitexport" / "resources" / "timm_archs.json"
 
@@ -90,7 +90,7 @@ def _record(tag: str, module: str) -> dict:
 
 
 def normalise(kwargs: dict, module: str = "vision_transformer") -> dict:
-    """timm's recorded arguments -> ViTConfig fields (vitexport.model.timm_args; 'unsupported': the rest)."""
+    """timm's recorded arguments -> ViTConfig fields (vitexport.model.readers.timm_args; 'unsupported': the rest)."""
     return translate(module, {k: _plain(v) for k, v in kwargs.items()})
 
 

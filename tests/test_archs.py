@@ -21,11 +21,11 @@ from vitexport.data.preprocess import Preprocess
 from vitexport.errors import VitexportError
 from vitexport.model.archs import arch_names, get_arch, resolve, table
 from vitexport.model.build import build_model, model_class
-from vitexport.model.checkpoints import detect_format
-from vitexport.model.checkpoints.adapt import adapt_state_dict
+from vitexport.model.readers.checkpoints import detect_format
+from vitexport.model.readers.checkpoints.adapt import adapt_state_dict
 from vitexport.model.config import ViTConfig
 from vitexport.model.spec import user_spec
-from vitexport.model.timm_args import MODULES
+from vitexport.model.readers.timm_args import MODULES
 from vitexport.model.vit import VisionTransformer
 
 

@@ -8,7 +8,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer import _load_weights
 
 from vitexport.errors import VitexportError
-from vitexport.model.checkpoints import load_checkpoint, load_into
+from vitexport.model.readers.checkpoints import load_checkpoint, load_into
 from vitexport.model.vit import VisionTransformer, ViTConfig
 
 TINY = dict(embed_dim=64, depth=2, num_heads=4, img_size=32, patch_size=8, num_classes=7)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from vitexport.artifacts.folder import ModelFolder
 from vitexport.cli import cli
 from vitexport.errors import VitexportError
-from vitexport.model.hub import HubRef, origin, parse_ref
+from vitexport.model.readers.hub import HubRef, origin, parse_ref
 from vitexport.model.labels import class_names
 from vitexport.model.spec import user_spec
 

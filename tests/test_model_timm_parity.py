@@ -6,7 +6,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer import checkpoint_filter_fn
 
-from vitexport.model.checkpoints import Checkpoint, load_into
+from vitexport.model.readers.checkpoints import Checkpoint, load_into
 from vitexport.model.build import build_model
 from vitexport.model.vit import VisionTransformer, ViTConfig
 

@@ -1,7 +1,7 @@
 """The RoPE and relative-position families option by option against timm's own classes with the same weights:
 `Eva` (EVA, EVA02, DINOv3, PE, the RoPE ViTs, Sapiens2), `Beit` and `NaFlexVit` on image tensors. Each option is
 set alone on a tiny model (a 3 x 2 patch grid: RoPE's axes and BEiT's offsets cannot be swapped unseen) and
-translated by the same rules as the architecture table (`vitexport.model.timm_args`); the combinations the registry
+translated by the same rules as the architecture table (`vitexport.model.readers.timm_args`); the combinations the registry
 uses are tests/test_archs.py's. Then the same weights at other sizes: a checkpoint loaded at a new fixed size, and a
 dynamic-size model at two sizes, one of them non-square, against timm's model at those sizes."""
 
@@ -19,7 +19,7 @@ from timm.models.naflexvit import NaFlexVit
 
 from vitexport.errors import VitexportError
 from vitexport.model.build import build_model
-from vitexport.model.checkpoints import Checkpoint, detect_format, load_into
+from vitexport.model.readers.checkpoints import Checkpoint, detect_format, load_into
 from vitexport.model.config import ViTConfig
 
 TINY = dict(embed_dim=96, num_heads=4, depth=2, num_classes=5, img_size=(48, 32), patch_size=16)
@@ -230,7 +230,7 @@ def test_what_a_family_cannot_build_is_one_sentence(fields, needle):
 def test_an_option_timm_adds_later_is_named_before_anything_is_built():
     """An argument the translation does not know (a later timm's) is kept under 'unsupported' and refused by name."""
     from vitexport.model.archs import Architecture
-    from vitexport.model.timm_args import translate
+    from vitexport.model.readers.timm_args import translate
 
     args = translate("eva", {"embed_dim": 96, "use_rot_pos_emb": True, "rope_type": "mrope", "gated_attn": True})
     assert set(args["unsupported"]) == {"rope_type", "gated_attn"}

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from conftest import fails_cleanly, load_script
 
 from vitexport.cli import cli
-from vitexport.model.checkpoints import load_checkpoint
+from vitexport.model.readers.checkpoints import load_checkpoint
 
 TAG = "vit_small_patch16_dinov3.lvd1689m"
 

@@ -15,7 +15,7 @@ from vitexport.artifacts.sidecar import read_sidecar
 from vitexport.artifacts.verify import BROKEN, check_onnx
 from vitexport.cli import cli
 from vitexport.errors import VitexportError
-from vitexport.model.hub import parse_ref
+from vitexport.model.readers.hub import parse_ref
 from vitexport.paths import sha256_file
 
 

@@ -191,7 +191,7 @@ def _open_given(path: Path) -> ModelFolder:
         raise VitexportError(missing_path_sentence(path))
     folder = ModelFolder.containing(path)
     if not folder.has_manifest():
-        from .model.hub import checkpoint_refusal
+        from .model.readers.hub import checkpoint_refusal
 
         raise VitexportError(checkpoint_refusal(path) or
                              f"{path} has no {MANIFEST_NAME} beside it; export it with 'vitexport onnx' first.")

@@ -86,12 +86,12 @@ def _export_object(obj: object, *, output: str | Path | None, dynamic_img_size: 
                    pos_embed_interp: str | None, opset: int | None, atol: float | None,
                    check_batches: tuple[int, ...], force: bool, progress: Progress | None) -> ExportResult:
     """A timm or transformers model object: its weights and what it is written as a checkpoint folder inside the
-    model folder (model.objects), exported like any checkpoint, and checked against the object's own forward."""
+    model folder (model.readers.objects), exported like any checkpoint, and checked against the object's own forward."""
     import shutil
     import tempfile
 
     from ..ensure import ensure_artifact
-    from ..model.objects import OBJECT_OUTPUTS, cpu_copy, describe_object, drop_source, object_output, \
+    from ..model.readers.objects import OBJECT_OUTPUTS, cpu_copy, describe_object, drop_source, object_output, \
         prune_sources, write_checkpoint
     from ..model.spec import ModelSpec, safe_name, spec_for
     from ..preflight import check_export

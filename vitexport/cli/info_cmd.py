@@ -86,7 +86,7 @@ def info_command(model_dir: Path | None, clean: bool, log):
             raise VitexportError(missing_path_sentence(model_dir, takes_name=False))
         folders = [ModelFolder.containing(model_dir)]
         if not folders[0].has_manifest():
-            from ..model.hub import checkpoint_refusal
+            from ..model.readers.hub import checkpoint_refusal
 
             if (refusal := checkpoint_refusal(model_dir)) is not None:
                 raise VitexportError(refusal)

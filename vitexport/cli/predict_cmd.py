@@ -25,7 +25,7 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
     is_model = first.exists() and (first.is_dir() or first.suffix == ".onnx") and \
         ModelFolder.containing(first).has_manifest()
     if not is_model:
-        from ..model.hub import checkpoint_refusal
+        from ..model.readers.hub import checkpoint_refusal
 
         if (refusal := checkpoint_refusal(first)) is not None:  # a checkpoint meant as the model
             raise VitexportError(refusal)

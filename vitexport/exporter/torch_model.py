@@ -8,7 +8,7 @@ from pathlib import Path
 from ..artifacts.manifest import LabelsRecord, Manifest
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
-from ..model.checkpoints import Checkpoint, load_checkpoint, load_into
+from ..model.readers.checkpoints import Checkpoint, load_checkpoint, load_into
 from ..model.labels import labels_record
 from ..model.posembed import INTERPOLATIONS, infer_grid
 from ..model.spec import ModelSpec
@@ -82,7 +82,7 @@ def model_from_manifest(manifest: Manifest) -> VisionTransformer:
         return build_model(cfg, seed=int(manifest.seed or 0))
     path = Path(ck.path)
     if not path.exists() and ck.repo is not None:  # the Hugging Face cache was cleaned: fetch the same commit
-        from ..model.hub import HubRef, fetch
+        from ..model.readers.hub import HubRef, fetch
 
         path = fetch(HubRef(ck.repo, ck.revision)).weights
     if not path.exists():

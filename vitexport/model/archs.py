@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..data.preprocess import INCEPTION_MEAN, INCEPTION_STD, Preprocess
 from ..errors import VitexportError
 from .config import to_2tuple
-from .timm_args import MODULES
+from .readers.timm_args import MODULES
 
 if TYPE_CHECKING:
     from .config import ViTConfig

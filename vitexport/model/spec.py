@@ -24,7 +24,7 @@ from .variants import DEFAULT_VARIANT, get_variant
 if TYPE_CHECKING:
     from ..artifacts.manifest import Manifest
     from .config import ViTConfig
-    from .hub import HubModel
+    from .readers.hub import HubModel
 
 
 @dataclass
@@ -50,7 +50,7 @@ class ModelSpec:
 
     def resolved_checkpoint(self) -> Path | None:
         """The weights file or folder to read: a hub reference is fetched through the Hugging Face cache."""
-        from .hub import fetch, parse_ref
+        from .readers.hub import fetch, parse_ref
 
         if (ref := parse_ref(self.checkpoint)) is not None:
             return fetch(ref).weights
@@ -84,7 +84,7 @@ class ModelSpec:
 
     def differences(self, manifest: "Manifest") -> list[str]:
         """How an existing export differs from what this spec asks for; empty when it is that model."""
-        from .checkpoints import resolve_weights, weights_digest  # imports torch: only when an export is compared
+        from .readers.checkpoints import resolve_weights, weights_digest  # imports torch: only when an export is compared
 
         diffs = []
         if manifest.variant != self.variant:
@@ -123,7 +123,7 @@ def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **
     folder's config.json) gives the model unless `model` names one: a timm config its architecture, a transformers
     config the sizes and options it describes. kw: the other ModelSpec fields (pos_embed_interp None: the
     checkpoint's own code's, else vitexport's default)."""
-    from .hub import describe, fetch, local_config, parse_ref, tagged_ref
+    from .readers.hub import describe, fetch, local_config, parse_ref, tagged_ref
 
     ref = parse_ref(checkpoint)
     if model is not None and (tagged := tagged_ref(model)) is not None:
@@ -134,7 +134,7 @@ def user_spec(model: str | None = None, checkpoint: Path | str | None = None, **
     if ref is not None:
         hub, name = describe(fetch(ref)), ref.repo_id.split("/")[1]
     elif checkpoint is not None and (local := local_config(Path(checkpoint))) is not None:
-        from .hub import describe_config
+        from .readers.hub import describe_config
 
         folder = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
         hub, name = describe_config(local[0], local[1], str(folder)), folder.resolve().name

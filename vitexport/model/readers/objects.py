@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import VitexportError
+from ...errors import VitexportError
 
 if TYPE_CHECKING:
     import numpy as np

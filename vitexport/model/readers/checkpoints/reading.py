@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...errors import VitexportError
+from ....errors import VitexportError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.pt", "model.npz")
 SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # tried after WEIGHT_FILES
@@ -91,7 +91,7 @@ def shard_map(index: Path) -> dict[str, list[str]]:
 
 def shard_names(index: Path) -> dict[str, list[str]]:
     """shard_map without looking for the shards (a hub repository's are fetched from what it says)."""
-    from ...paths import plain_name
+    from ....paths import plain_name
 
     def pairs(items: list) -> dict:
         keys = [k for k, _ in items]
@@ -140,7 +140,7 @@ def weights_digest(path: Path) -> str:
     """The sha256 that names a checkpoint's weights: the file's; for an index, of the index and every shard's."""
     import hashlib
 
-    from ...paths import sha256_file
+    from ....paths import sha256_file
 
     if not is_index(path):
         return sha256_file(path)

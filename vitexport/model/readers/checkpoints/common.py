@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from ...artifacts.manifest import CheckpointRecord
-from ...errors import VitexportError
+from ....artifacts.manifest import CheckpointRecord
+from ....errors import VitexportError
 from ..hub import origin
 
 StateDict = dict[str, torch.Tensor]

@@ -8,11 +8,11 @@ import math
 import re
 import warnings
 
-from ...errors import VitexportError
-from ..base import TransformerBase
-from ..dense import DenseBase
-from ..layers.relpos import EXTRA_TOKENS, resize_table, resize_table_bilinear
-from ..posembed import resample_pos_embed
+from ....errors import VitexportError
+from ...base import TransformerBase
+from ...dense import DenseBase
+from ...layers.relpos import EXTRA_TOKENS, resize_table, resize_table_bilinear
+from ...posembed import resample_pos_embed
 from .common import Checkpoint, StateDict
 
 BACKBONE = "backbone."  # a dense model's backbone tensors (model.dense)

@@ -25,8 +25,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...errors import VitexportError
-from ..labels import checkpoint_labels
+from ....errors import VitexportError
+from ...labels import checkpoint_labels
 from . import hf_aimv2, hf_beit, hf_dense, hf_dinov2, hf_dinov3, hf_eomt, hf_vit, jax, timm, timm_naflex
 from .adapt import adapt_state_dict, describe_checkpoint, load_into
 from .common import Checkpoint, StateDict

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from ...errors import VitexportError
+from ....errors import VitexportError
 from .common import StateDict
 
 NAME = "timm-naflex"

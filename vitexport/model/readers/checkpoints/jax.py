@@ -8,7 +8,7 @@ import re
 import numpy as np
 import torch
 
-from ...errors import VitexportError
+from ....errors import VitexportError
 from .common import StateDict
 
 NAME = "jax"

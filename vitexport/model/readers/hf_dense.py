@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from ..errors import VitexportError
-from .heads.config import DenseConfig
+from ...errors import VitexportError
+from ..heads.config import DenseConfig
 from .hf_configs import ACTIVATIONS, FAMILIES, HALF, IMAGENET_MEAN, IMAGENET_STD, Described, Family, Processing, \
     describe, mlp_ratio, processor_preprocess
 

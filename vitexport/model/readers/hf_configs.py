@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..data.preprocess import Preprocess
-from ..errors import VitexportError
-from .config import MAX_SIDE, to_2tuple
+from ...data.preprocess import Preprocess
+from ...errors import VitexportError
+from ..config import MAX_SIDE, to_2tuple
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)

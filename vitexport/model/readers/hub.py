@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data.preprocess import Preprocess
-from ..errors import VitexportError
-from .config import CHOICES, ViTConfig
-from .variants import get_variant
+from ...data.preprocess import Preprocess
+from ...errors import VitexportError
+from ..config import CHOICES, ViTConfig
+from ..variants import get_variant
 
 HUB_PREFIX = "hf-hub:"
 TIMM_ORG = "timm"  # where timm's tagged names live on the hub
@@ -358,7 +358,7 @@ def _triple(v: Any) -> tuple[float, float, float]:
 
 def _check_preprocess(pp: Preprocess, ref: str) -> None:
     """A hub config is input: sizes and ratios a model could really be fed, or one sentence."""
-    from ..data.preprocess import CROP_MODES
+    from ...data.preprocess import CROP_MODES
 
     h, w = pp.input_size
     problems = []
