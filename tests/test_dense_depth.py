@@ -200,3 +200,24 @@ def test_predict_writes_the_processors_depth_at_each_images_size(tmp_path):
     again = CliRunner().invoke(cli, ["predict", str(tmp_path / "out"), str(photos[0]), "--out-dir",
                                      str(tmp_path / "maps"), "-q"])
     fails_cleanly(again, "already exists")
+
+
+def test_sensitivity_and_the_dense_target_speak_the_tasks_metric(tmp_path):
+    """`quantize --int8 --sensitivity` ranks the GEMM groups by the AbsRel each alone costs, and `--dense-target X`
+    returns the costliest to float until the INT8 depth's AbsRel against FP32 is at most X; the record says so."""
+    save_depth_anything(tmp_path / "saved", CASES["relative"])
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "saved"), "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["quantize", str(out), "--int8", "--sensitivity"])
+    assert r.exit_code == 0 and "cost = AbsRel to the FP32 depth" in r.output, r.output
+    costs = [float(line.split()[4]) for line in r.output.splitlines() if line.strip()[:1].isdigit()]
+    assert costs == sorted(costs, reverse=True) and costs[0] > 0
+    everything = float(next(line for line in r.output.splitlines() if "(all " in line).split()[3])
+    target = everything / 2  # met only with some groups in float
+    r = CliRunner().invoke(cli, ["quantize", str(out), "--int8", "--dense-target", f"{target:.3g}", "-q"])
+    assert r.exit_code == 0, r.output
+    record = json.loads((out / "manifest.json").read_text())["precisions"]["int8"]
+    fallback = record["calibration"]["fallback"]
+    assert fallback["status"] == "met" and fallback["float_groups"]
+    assert record["check"]["absrel"] <= float(f"{target:.3g}")

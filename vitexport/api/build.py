@@ -149,7 +149,7 @@ def _export_object(obj: object, *, output: str | Path | None, dynamic_img_size: 
 def quantize(folder: str | Path, precision: str, *, target: str = "cpu", calib_data: str | Path | None = None,
              calib_samples: int | None = None, check: bool = True, check_data: str | Path | None = None,
              quantize_attention: bool | None = None, smoothquant: float | None = None,
-             min_cos: float | None = None, max_drop: float | None = None,
+             min_cos: float | None = None, max_drop: float | None = None, dense_target: float | None = None,
              progress: Progress | None = None) -> list[QuantizeResult]:
     """`vitexport quantize --fp16 | --int8 | --fp8 [--target cpu|tensorrt|all]` on an exported folder (or its
     model.onnx): each graph made and checked against FP32 on held-out images, one result per graph. Raises
@@ -164,7 +164,8 @@ def quantize(folder: str | Path, precision: str, *, target: str = "cpu", calib_d
     if precision == "fp16" and smoothquant is not None:
         raise VitexportError("smoothquant is for int8 and fp8.")
     calib = calib_options(calib_data=calib_data, calib_samples=calib_samples, quantize_attention=quantize_attention,
-                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop, check_data=check_data,
+                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop, dense_target=dense_target,
+                          check_data=check_data,
                           no_check=not check)
     log, results = _log(progress), []
     for kind in graph_kinds(precision, target):

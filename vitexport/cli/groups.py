@@ -247,6 +247,9 @@ CALIB = OptionGroup(
                  "FP32."),
         opt("--max-drop", type=click.FloatRange(min=0), default=None, metavar="POINTS",
             help="INT8/FP8: the same, until the top-1 accuracy drop on labelled held-out data is within POINTS."),
+        opt("--dense-target", type=click.FloatRange(0, 1), default=None, metavar="X",
+            help="INT8/FP8 of a depth or segmentation model: the same, until its task figure against FP32 on the "
+                 "held-out data reaches X: a depth's AbsRel at most X, a segmentation's pixel agreement at least X."),
         opt("--exclude-node", multiple=True, help="Keep this node in float (FP16: in FP32) (repeatable)."),
         opt("--exclude-block", type=int, multiple=True, help="Keep transformer block N in float (repeatable)."),
         opt("--keep-fp32", default=",".join(DEFAULT_KEEP_FP32), show_default=True, metavar="OP[,OP]",

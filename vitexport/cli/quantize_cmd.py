@@ -75,7 +75,8 @@ def _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, lo
     if len(kinds) > 1:
         raise click.UsageError("--sensitivity measures one graph: choose --target cpu or --target tensorrt.")
     if calib.int8.target():
-        raise click.UsageError("--sensitivity only measures; --min-cos/--max-drop make a model: run them apart.")
+        raise click.UsageError("--sensitivity only measures; --min-cos/--max-drop/--dense-target make a model: run "
+                               "them apart.")
     from ..artifacts.workspace import writing
     from ..ensure import open_model
     from ..paths import pyplot

@@ -185,7 +185,8 @@ def _target(opts, held) -> Target:
     if settings.max_drop is not None and held.labels is None:
         raise VitexportError(f"--max-drop needs labelled held-out data; {held.source} has none: pass such a folder "
                              f"with --check-data, or use --min-cos.")
-    return Target(settings.min_cos, settings.max_drop, opts.thresholds or DEFAULT_THRESHOLDS["fp16"])
+    return Target(settings.min_cos, settings.max_drop, opts.thresholds or DEFAULT_THRESHOLDS["fp16"],
+                  settings.dense_target)
 
 
 def _region_nodes(fp32: Path, regions_: list[Group], already: list) -> list:

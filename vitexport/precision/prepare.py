@@ -296,7 +296,8 @@ def _fall_back(folder: ModelFolder, kind: str, fp32: Path, cal: Calibrated, dst:
     FP32 outputs among them) go in `scratch`, removed with it."""
     settings, precision = opts.int8, artifact_kind(kind).precision
     assert held is not None  # _can_fall_back
-    target = Target(settings.min_cos, settings.max_drop, opts.thresholds or DEFAULT_THRESHOLDS[precision])
+    target = Target(settings.min_cos, settings.max_drop, opts.thresholds or DEFAULT_THRESHOLDS[precision],
+                    settings.dense_target)
     bounds = target.thresholds()
     with log.step(f"FP32 reference on {len(held):,} held-out inputs"):
         store = fp32_reference(fp32, held, manifest, scratch, log)  # every pass and check is judged against it

@@ -91,7 +91,14 @@ class Pass:
 
     @property
     def cost(self) -> float:
-        return 1.0 - self.stats.cos_mean
+        """1 - mean cosine to FP32; a dense output's by its task: a depth's AbsRel, 1 - a segmentation's pixel
+        agreement."""
+        s = self.stats
+        if s.dense == "depth" and s.absrel is not None:
+            return s.absrel
+        if s.dense == "segmentation" and s.pixel_agree is not None:
+            return 1.0 - s.pixel_agree
+        return 1.0 - s.cos_mean
 
 
 class Simulator:
@@ -180,16 +187,19 @@ class Target:
     min_cos: float | None = None
     max_drop: float | None = None
     base: Thresholds = field(default_factory=Thresholds)
+    dense: float | None = None  # a dense model's task figure: a depth's most AbsRel, a segmentation's least pixel agreement
 
     def __bool__(self) -> bool:
-        return self.min_cos is not None or self.max_drop is not None
+        return self.min_cos is not None or self.max_drop is not None or self.dense is not None
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in (("min_cos", self.min_cos), ("max_drop", self.max_drop)) if v is not None}
+        return {k: v for k, v in (("min_cos", self.min_cos), ("max_drop", self.max_drop),
+                                  ("dense_target", self.dense)) if v is not None}
 
     def describe(self) -> str:
         return " and ".join(([f"min cosine >= {self.min_cos:g}"] if self.min_cos is not None else [])
-                            + ([f"top-1 drop <= {self.max_drop:g} points"] if self.max_drop is not None else []))
+                            + ([f"top-1 drop <= {self.max_drop:g} points"] if self.max_drop is not None else [])
+                            + ([f"the dense target {self.dense:g}"] if self.dense is not None else []))
 
     def met(self, s: ParityStats) -> bool:
         """Whether a pass reaches the target and fails none of the kind's bounds. The drop is judged by its estimate
@@ -204,6 +214,11 @@ class Target:
                                      "classes); pass it with --check-data, or use --min-cos.")
             drop = s.acc_drop if s.acc_drop is not None else (s.acc_ref - s.acc) * 100
             if drop > self.max_drop:
+                return False
+        if self.dense is not None:
+            if s.dense is None:
+                raise VitexportError("--dense-target is for a depth or segmentation model; use --min-cos.")
+            if (s.absrel > self.dense) if s.dense == "depth" else (s.pixel_agree < self.dense):  # type: ignore
                 return False
         return True
 
@@ -230,6 +245,8 @@ class Target:
             t = replace(t, cos_min=self.min_cos)
         if self.max_drop is not None:
             t = replace(t, acc_drop=self.max_drop)
+        if self.dense is not None:  # each kind reads its own figure's bound
+            t = replace(t, absrel=self.dense, pixel_agree=self.dense)
         return t
 
 

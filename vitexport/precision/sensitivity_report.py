@@ -17,7 +17,8 @@ MEASURED = ("each group alone quantized, every other group in float, against the
 
 def _figures(s: ParityStats) -> dict:
     keys = ("cos_min", "cos_mean", "top1_agree", "top1_agree_ci", "disagree", "acc_ref", "acc", "acc_drop",
-            "acc_drop_ci", "flips_down", "flips_up")
+            "acc_drop_ci", "flips_down", "flips_up", "dense", "absrel", "absrel_ci", "delta1", "delta1_ci",
+            "pixel_agree", "pixel_agree_ci", "miou", "miou_ci")
     d = s.to_dict()
     return {k: d[k] for k in keys if d.get(k) is not None}
 
@@ -41,17 +42,27 @@ def _acc(s: ParityStats) -> str:
     return f"{s.acc:7.2%} {s.acc_drop:+6.2f}{ci}"
 
 
+# a dense output's cost and column (parity.dense): its task figure against FP32
+DENSE_MEASURED = {"depth": ("cost = AbsRel to the FP32 depth", "delta1", "delta1"),
+                  "segmentation": ("cost = 1 - pixel agreement with the FP32 map", "mIoU", "miou")}
+
+
 def table(sens: Sensitivity) -> str:
     """The groups sorted by cost, then every group quantized and none, for scale."""
     acc = "  top-1 acc, drop points (95%)" if sens.labelled else ""
-    lines = [f"{sens.kind.upper()} sensitivity on {sens.images:,} held-out inputs ({sens.data}): {MEASURED}.",
+    dense = sens.all_quantized.stats.dense
+    measured, column, field_ = DENSE_MEASURED[dense] if dense else (MEASURED.split("; ")[1], "top-1 agree",
+                                                                      "top1_agree")
+    lines = [f"{sens.kind.upper()} sensitivity on {sens.images:,} held-out inputs ({sens.data}): "
+             f"{MEASURED.split('; ')[0]}; {measured}.",
              f"{'rank':>4}  {'group':<26} {'block':>5}  {'kind':<11} {'cost':>9}  {'cos min':>8}  {'cos mean':>8}  "
-             f"{'top-1 agree':>11}{acc}"]
+             f"{column:>11}{'' if dense else acc}"]
 
     def line(rank: str, name: str, block, kind: str, p: Pass) -> str:
         s = p.stats
         return (f"{rank:>4}  {name:<26} {'' if block is None else block:>5}  {kind:<11} {p.cost:9.2e}  "
-                f"{s.cos_min:8.5f}  {s.cos_mean:8.5f}  {s.top1_agree:11.1%}  {_acc(s)}").rstrip()
+                f"{s.cos_min:8.5f}  {s.cos_mean:8.5f}  {getattr(s, field_):11.1%}  {'' if dense else _acc(s)}"
+                ).rstrip()
 
     for r, i in enumerate(sens.ranked()):
         g = sens.groups[i]

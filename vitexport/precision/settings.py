@@ -31,6 +31,9 @@ class Int8Settings:
     smoothquant: float | None = None  # SmoothQuant's alpha for the LayerNorm-fed GEMMs (precision/smoothquant.py)
     min_cos: float | None = None  # fallback target: groups return to float until the min cosine reaches this
     max_drop: float | None = None  # fallback target: ... until the top-1 drop is within this many points
+    # fallback target of a dense model: ... until its task figure reaches this (depth: AbsRel at most; segmentation:
+    # pixel agreement at least; parity.dense)
+    dense_target: float | None = None
 
     def to_dict(self) -> dict:
         """What the calibrated ranges depend on (the calibration key): the fallback targets choose among GEMMs
@@ -42,7 +45,8 @@ class Int8Settings:
 
     def target(self) -> dict:
         """The fallback target asked for ({} for none), as recorded in the manifest."""
-        return {k: v for k, v in (("min_cos", self.min_cos), ("max_drop", self.max_drop)) if v is not None}
+        return {k: v for k, v in (("min_cos", self.min_cos), ("max_drop", self.max_drop),
+                                  ("dense_target", self.dense_target)) if v is not None}
 
 
 @dataclass
@@ -74,6 +78,7 @@ def calib_options(calib_data: Path | str | None = None, calib_samples: int | Non
                   calib_method: str = "percentile", percentile: float = DEFAULT_PERCENTILE,
                   quantize_attention: bool | None = None, placement: str = "vitexport",
                   smoothquant: float | None = None, min_cos: float | None = None, max_drop: float | None = None,
+                  dense_target: float | None = None,
                   exclude_node: tuple[str, ...] | list[str] = (), exclude_block: tuple[int, ...] | list[int] = (),
                   keep_fp32: str | tuple[str, ...] = DEFAULT_KEEP_FP32, check_data: Path | str | None = None,
                   check_labels: tuple[Path, ...] = (), no_check: bool = False) -> CalibOptions:
@@ -84,7 +89,7 @@ def calib_options(calib_data: Path | str | None = None, calib_samples: int | Non
         data=None if calib_data is None else Path(calib_data), samples=calib_samples,
         int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
                           exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block), placement=placement,
-                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop),
+                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop, dense_target=dense_target),
         keep_fp32=tuple(op.strip() for op in ops if op.strip()),
         check=not no_check, check_data=None if check_data is None else Path(check_data),
         check_labels=tuple(check_labels))

@@ -81,9 +81,11 @@ class GraphFacts:
             return None
 
     def elem(self, node: onnx.NodeProto, i: int) -> int | None:
+        """The element type of a node's input `i`, if known."""
         return self.types.get(node.input[i]) if i < len(node.input) and node.input[i] else None
 
     def rank(self, name: str) -> int | None:
+        """The rank of a value, if known."""
         return len(self.shapes[name]) if name in self.shapes else None
 
 
@@ -101,6 +103,7 @@ def _constant_tensor(node: onnx.NodeProto) -> TensorProto | None:
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """A node's attribute value (strings decoded), or `default`."""
     for a in node.attribute:
         if a.name == name:
             v = helper.get_attribute_value(a)
@@ -109,6 +112,7 @@ def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
 
 
 def type_name(t: int) -> str:
+    """ONNX's name of an element type ('FLOAT16')."""
     return TensorProto.DataType.Name(t)
 
 
@@ -150,8 +154,10 @@ def _resize_scales(node: onnx.NodeProto, g: GraphFacts, mode: str, axes: list[in
             yield "scales as a tensor with axes other than all of them in order"
         return
     scales = g.value(name)
-    if scales is None or scales.ndim != 1:
-        yield from () if scales is None else ["scales must be 1-D"]
+    if scales is None:
+        return
+    if scales.ndim != 1:
+        yield "scales must be 1-D"
         return
     full = scales.tolist()
     if axes and rank is not None:
@@ -225,6 +231,7 @@ def _pad(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
 
 
 def _slice(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
+    """onnxOpCheckers.cpp: 3 to 5 inputs from opset 10 on (starts and ends, optional axes and steps: any steps)."""
     if g.opset >= 10 and not 3 <= len(node.input) <= 5:
         yield "the checker takes 3 to 5 inputs"
 
@@ -237,6 +244,7 @@ def _topk(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
 
 
 def _range(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
+    """The Range importer: start, limit and delta of one type (FP32, INT32 or INT64: the type column)."""
     types = {g.elem(node, i) for i in range(3)} - {None}
     if len(types) > 1:
         yield "start, limit and delta differ in type (the importer requires one type)"
@@ -254,13 +262,14 @@ def _pool(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
 
 def _squeeze(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
     """The Squeeze importer: without axes, the input's shape must be static."""
-    no_axes = len(node.input) < 2 or not node.input[1] if g.opset >= 13 else _attr(node, "axes") is None
+    no_axes = (len(node.input) < 2 or not node.input[1]) if g.opset >= 13 else _attr(node, "axes") is None
     shape = g.shapes.get(node.input[0])
     if no_axes and shape is not None and None in shape:
         yield "no axes on a dynamic shape (the importer cannot infer which axes to squeeze)"
 
 
 def _constant(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
+    """The matrix: no sparse_value, value_string or value_strings."""
     bad = [a.name for a in node.attribute if a.name in ("sparse_value", "value_string", "value_strings")]
     if bad:
         yield f"{bad[0]} is unsupported"
@@ -275,11 +284,13 @@ def _attention(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
 
 
 def _grid_sample(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
+    """The matrix: a 4-D input."""
     if g.rank(node.input[0]) not in (None, 4):
         yield "the matrix requires a 4-D input"
 
 
 def _tensor_scatter(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
+    """The matrix: 4-D past_cache and update, axis -2."""
     if any(g.rank(x) not in (None, 4) for x in node.input[:2]) or _attr(node, "axis", -2) not in (-2, 2):
         yield "the matrix requires a 4-D past_cache and update, and axis -2"
 
@@ -294,6 +305,7 @@ def _initializer_inputs(names: dict[int, str]) -> Check:
 
 
 def _dropout(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
+    """The matrix: is_training (training_mode) an initializer, and false."""
     yield from _initializer_inputs({2: "training_mode"})(node, g)
     if len(node.input) > 2 and (v := g.value(node.input[2])) is not None and v.any():
         yield "training_mode is true (the importer runs Dropout in inference mode only)"
@@ -304,6 +316,7 @@ _CASTABLE = frozenset(t for n in "FP32 FP16 BF16 INT32 INT64 UINT8 BOOL".split()
 
 
 def _cast(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
+    """The matrix's types for the target too (DOUBLE is cast as FP32); the importer passes no quantized type."""
     to = _attr(node, "to")
     if to is not None and to not in _CASTABLE:
         yield (f"a cast to {type_name(to)} (the matrix casts to FP32, FP16, BF16, INT32, INT64, UINT8 and BOOL; "
@@ -321,6 +334,7 @@ def _quantize_linear(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
 
 
 def _dequantize_linear(node: onnx.NodeProto, g: GraphFacts) -> Iterator[str]:
+    """DequantizeLinear: from INT8, FP8, FP4 or INT4 (the type column; UINT8 only on DLA) to FP32, FP16 or BF16."""
     out = _attr(node, "output_dtype", 0)
     if out and out not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16):
         yield f"output_dtype {type_name(out)} (the importer dequantizes to FP32, FP16 and BF16)"
@@ -335,7 +349,8 @@ def _qdq_params(node: onnx.NodeProto, g: GraphFacts, zero: str, qtype: int | Non
     zp = g.value(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     if zp is not None and zp.astype(np.float32).any():
         yield f"{zero} must be 0"
-    x, s = g.shapes.get(node.input[0]), g.shapes.get(node.input[1]) if len(node.input) > 1 else None
+    x = g.shapes.get(node.input[0])
+    s = g.shapes.get(node.input[1]) if len(node.input) > 1 else None
     if qtype in (TensorProto.INT4, TensorProto.FLOAT4E2M1) and x and None not in x and int(np.prod(x)) % 2:
         yield "4-bit quantization needs an even number of elements"
     if s is None or None in s or int(np.prod(s)) == 1 or x is None:
@@ -347,11 +362,14 @@ def _qdq_params(node: onnx.NodeProto, g: GraphFacts, zero: str, qtype: int | Non
             yield f"{s[0]} scales for {dim} channels on axis {axis}"
     elif len(s) != len(x):
         yield f"a {len(s)}-D scale for a {len(x)}-D input (per-tensor, per-axis 1-D, or blocked of the input's rank)"
-    elif None not in x and sum(a // b == 1 for a, b in zip(x, s)) != len(x) - 1:
+    elif None not in x and 0 not in s and sum(a // b == 1 for a, b in zip(x, s)) != len(x) - 1:
         yield "blocked quantization must block exactly one axis"
+    elif None not in x and int(np.prod(x)) % int(np.prod(s)):
+        yield "the block size is not a whole number"
 
 
 def attribute_values(node: onnx.NodeProto) -> Iterator[str]:
+    """The attributes of a node that hold a value the parser does not take (_ATTRIBUTES)."""
     for name, (default, allowed) in _ATTRIBUTES.get(node.op_type, {}).items():
         value = _attr(node, name, default)
         if value not in allowed:

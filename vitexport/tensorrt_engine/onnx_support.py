@@ -17,7 +17,7 @@ Softmax (any axis) have no restriction beyond their types.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator
+from typing import Collection, Iterable, Iterator
 
 import onnx
 from onnx import TensorProto, helper
@@ -126,7 +126,7 @@ def _reasons(node: onnx.NodeProto, g: GraphFacts, version: tuple[int, int]) -> I
 
 
 def _graph_lines(nodes: Iterable[onnx.NodeProto], g: GraphFacts, functions: dict, version: tuple[int, int],
-                 prefix: str) -> list[str]:
+                 skip: Collection[str], prefix: str) -> list[str]:
     """The lines of a list of nodes, and of the subgraphs and local functions they hold."""
     lines = []
     for node in nodes:
@@ -134,14 +134,16 @@ def _graph_lines(nodes: Iterable[onnx.NodeProto], g: GraphFacts, functions: dict
         function = functions.get((node.domain, node.op_type))
         if function is not None:  # a local function: the parser imports its body
             inner = {k: f for k, f in functions.items() if f is not function}
-            lines += _graph_lines(function.node, GraphFacts(onnx.GraphProto(), g.opset), inner, version, name + "/")
+            lines += _graph_lines(function.node, GraphFacts(onnx.GraphProto(), g.opset), inner, version, skip,
+                                  name + "/")
             continue
-        why = list(_reasons(node, g, version))
+        why = [r for r in _reasons(node, g, version) if r not in skip]
         if why:
             lines.append(f"node {name} ({node.op_type}): {'; '.join(why)}")
         for a in node.attribute:
             for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                lines += _graph_lines(sub.node, GraphFacts(sub, g.opset, g), functions, version, name + "/")
+                lines += _graph_lines(sub.node, GraphFacts(sub, g.opset, g), functions, version, skip,
+                                      f"{name}/{a.name}/")
     return lines
 
 
@@ -164,11 +166,12 @@ def _inferred(model: onnx.ModelProto) -> onnx.GraphProto | None:
         return None
 
 
-def unsupported(model_proto: onnx.ModelProto, trt_version: tuple[int, ...] = MIN_TENSORRT) -> list[str]:
+def unsupported(model_proto: onnx.ModelProto, trt_version: tuple[int, ...] = MIN_TENSORRT, *,
+                skip: Collection[str] = ()) -> list[str]:
     """One line per node TensorRT's ONNX parser (of `trt_version`, 10.12 or newer) refuses, in graph order:
     "node NAME (OP): why"; nodes of subgraphs and local functions are named under their parent. A graph of an opset
     the parser does not read is one more line. Weights may be left in external data: values are read only where the
-    graph holds them."""
+    graph holds them. `skip`: reasons not to report (such as ANTIALIAS)."""
     version = (int(trt_version[0]), int(trt_version[1]))
     if version < MIN_TENSORRT:
         raise ValueError(f"the table describes TensorRT {MIN_TENSORRT[0]}.{MIN_TENSORRT[1]} and newer, "
@@ -180,4 +183,4 @@ def unsupported(model_proto: onnx.ModelProto, trt_version: tuple[int, ...] = MIN
         if (inferred := _inferred(model_proto)) is not None:
             g.read(inferred)
     functions = {(f.domain, f.name): f for f in model_proto.functions}
-    return lines + _graph_lines(model_proto.graph.node, g, functions, version, "")
+    return lines + _graph_lines(model_proto.graph.node, g, functions, version, skip, "")
