@@ -105,7 +105,7 @@ def shrink_embeddings(model):
     return model
 
 
-@pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
+@pytest.fixture(scope="module", ids=list(CASES), params=list(CASES))
 def exported(request, tmp_path_factory):
     """(model_type, transformers' config, its model, the export folder): a folder of the minimal config.json and
     the perturbed model's weights, exported with `vitexport onnx -c FOLDER`."""
@@ -122,6 +122,7 @@ def exported(request, tmp_path_factory):
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(saved / "model.safetensors"))
     assert json.loads((saved / "config.json").read_text()) == written  # nothing filled in the defaults
     out = tmp / "export"
+    # its own check against its PyTorch model at one batch size (for the suite's length): the test's is transformers'
     r = CliRunner().invoke(cli, ["onnx", "-c", str(saved), "-o", str(out), "-q", "--check-batch", "2"])
     assert r.exit_code == 0, r.output
     return model_type, config, model, out

@@ -50,7 +50,8 @@ ACCEPTED = {
     "resize-cubic-sizes-tensor": graph_of([resize(mode="cubic", cubic_coeff_a=-0.5, exclude_outside=1)],
                                           {**X4, "sizes": (I64, [4])}),
     "resize-linear-align-corners-scales": graph_of(
-        [helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear", coordinate_transformation_mode="align_corners")],
+        [helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear",
+                          coordinate_transformation_mode="align_corners")],
         X4, {"s": np.array([1, 1, 2, 2], np.float32)}),
     "resize-nearest-asymmetric": graph_of(
         [helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest", coordinate_transformation_mode="asymmetric",
@@ -276,3 +277,42 @@ def test_parser_refusals_adds_the_forbidden_ops_and_leaves_antialias_to_the_buil
     assert flagged[0] == "if (If)" and flagged[1].startswith("node if/then_branch/c8 (Cast)") and len(flagged) == 2
     assert describe(flagged).startswith("2 nodes TensorRT's parser refuses (if (If), node if/then_branch/c8 (Cast)")
     assert parser_refusals(REFUSED[0][1]) == []
+
+
+# -- what vitexport exports ------------------------------------------------------------------------------------------
+
+TINY = dict(img_size=(32, 32), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+EXPORTS = {"fixed": {}, "dynamic-bicubic": dict(dynamic_img_size=True, pos_embed_interp="bicubic"),
+           "dynamic-bilinear-corners": dict(dynamic_img_size=True, pos_embed_interp="bilinear-corners"),
+           "dynamic-bicubic-antialias": dict(dynamic_img_size=True, pos_embed_interp="bicubic-antialias")}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny ViT exported at a fixed size and at a dynamic one with each way of resampling its position table."""
+    from vitexport.exporter.to_onnx import export_onnx
+    from vitexport.model.build import build_model
+    from vitexport.model.config import ViTConfig
+
+    root = tmp_path_factory.mktemp("onnx-support")
+    graphs = {}
+    for name, extra in EXPORTS.items():
+        model = build_model(ViTConfig(**TINY, **extra)).eval()
+        path = export_onnx(model, root / f"{name}.onnx", img_size_range=((16, 16), (64, 64)) if extra else None)
+        graphs[name] = onnx.load(str(path), load_external_data=False)
+    return graphs
+
+
+@pytest.mark.parametrize("name", [n for n in EXPORTS if "antialias" not in n])
+def test_a_vitexport_graph_holds_nothing_the_parser_refuses(exported, name):
+    graph = exported[name]
+    assert unsupported(graph) == [] and parser_refusals(graph) == []
+    assert {"Conv", "LayerNormalization", "MatMul", "Softmax", "Erf"} <= {n.op_type for n in graph.graph.node}
+    assert ("Resize" in {n.op_type for n in graph.graph.node}) == (name != "fixed")
+
+
+def test_an_antialiased_position_table_is_the_one_refusal_and_left_to_the_build(exported):
+    graph = exported["dynamic-bicubic-antialias"]
+    resize = next(n for n in graph.graph.node if n.op_type == "Resize")
+    assert unsupported(graph) == [f"node {resize.name} (Resize): {ANTIALIAS}"]
+    assert parser_refusals(graph) == []

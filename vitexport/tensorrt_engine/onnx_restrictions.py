@@ -18,7 +18,7 @@ TYPE_NAMES = {"FP32": (TensorProto.FLOAT, TensorProto.DOUBLE), "FP16": (TensorPr
               "BF16": (TensorProto.BFLOAT16,), "INT32": (TensorProto.INT32,), "INT64": (TensorProto.INT64,),
               "INT8": (TensorProto.INT8,), "UINT8": (TensorProto.UINT8,), "BOOL": (TensorProto.BOOL,),
               "FP8": (TensorProto.FLOAT8E4M3FN,), "FP4": (TensorProto.FLOAT4E2M1,), "INT4": (TensorProto.INT4,)}
-# op: {attribute: (default, the values the parser takes)}: (default, values the parser takes)
+# op: {attribute: (its default, the values the parser takes)}
 _ATTRIBUTES: dict[str, dict[str, tuple[Any, tuple]]] = {
     "Gelu": {"approximate": ("none", ("none", "tanh"))},
     "Upsample": {"mode": ("nearest", ("nearest", "linear", "bilinear"))},

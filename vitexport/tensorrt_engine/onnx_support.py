@@ -125,7 +125,10 @@ def _reasons(node: onnx.NodeProto, g: GraphFacts, version: tuple[int, int]) -> I
         yield from spec.check(node, g)
 
 
-def _graph_lines(nodes: Iterable[onnx.NodeProto], g: GraphFacts, functions: dict, version: tuple[int, int],
+Functions = dict[tuple[str, str], onnx.FunctionProto]  # the model's local functions by (domain, name)
+
+
+def _graph_lines(nodes: Iterable[onnx.NodeProto], g: GraphFacts, functions: Functions, version: tuple[int, int],
                  skip: Collection[str], prefix: str) -> list[str]:
     """The lines of a list of nodes, and of the subgraphs and local functions they hold."""
     lines = []
@@ -133,9 +136,10 @@ def _graph_lines(nodes: Iterable[onnx.NodeProto], g: GraphFacts, functions: dict
         name = prefix + (node.name or (node.output[0] if node.output else node.op_type))
         function = functions.get((node.domain, node.op_type))
         if function is not None:  # a local function: the parser imports its body
+            body = onnx.GraphProto()
+            body.node.extend(function.node)
             inner = {k: f for k, f in functions.items() if f is not function}
-            lines += _graph_lines(function.node, GraphFacts(onnx.GraphProto(), g.opset), inner, version, skip,
-                                  name + "/")
+            lines += _graph_lines(function.node, GraphFacts(body, g.opset), inner, version, skip, name + "/")
             continue
         why = [r for r in _reasons(node, g, version) if r not in skip]
         if why:

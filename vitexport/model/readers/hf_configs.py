@@ -259,7 +259,9 @@ FAMILIES = {f.model_type: f for f in (
     Family("siglip", "SigLIP", _SIGLIP_DEFAULTS, _siglip, "bicubic", _SIGLIP_PP, square_int=False, nested=True),
     Family("metaclip_2_vision_model", "MetaCLIP 2", _CLIP_DEFAULTS, _clip, "bicubic", _CLIP_PP, square_int=False),
     Family("metaclip_2", "MetaCLIP 2", _CLIP_DEFAULTS, _clip, "bicubic", _CLIP_PP, square_int=False, nested=True),
-    Family("vit_msn", "ViT-MSN", _VIT_DEFAULTS, _headless(True), "bicubic", _VIT_PP, pooler=False),
+    # ViTMSNConfig's layer_norm_eps is 1e-6, not ViTConfig's 1e-12
+    Family("vit_msn", "ViT-MSN", {**_VIT_DEFAULTS, "layer_norm_eps": 1e-6}, _headless(True), "bicubic", _VIT_PP,
+           pooler=False),
     Family("vit_mae", "ViT-MAE", {**_VIT_DEFAULTS, "mask_ratio": 0.75}, _headless(True), "bicubic",
            _VIT_PP, pooler=False),
     Family("ijepa", "I-JEPA", _VIT_DEFAULTS, _headless(False), "bicubic", _VIT_PP, pooler=False),
