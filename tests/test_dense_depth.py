@@ -221,3 +221,36 @@ def test_sensitivity_and_the_dense_target_speak_the_tasks_metric(tmp_path):
     fallback = record["calibration"]["fallback"]
     assert fallback["status"] == "met" and fallback["float_groups"]
     assert record["check"]["absrel"] <= float(f"{target:.3g}")
+
+
+def test_a_dynamic_export_predicts_each_image_at_the_processors_own_size(tmp_path):
+    """Depth Anything's processor keeps each image's aspect ratio at multiples of 14 (the side whose scale is closer
+    to 1 sets it, halves rounded to even): a --dynamic-img-size export's predict feeds each photo at that size, so its
+    depth is transformers' whole pipeline on the photo (processor, model, post_process_depth_estimation)."""
+    from PIL import Image
+
+    model = save_depth_anything(tmp_path / "saved", CASES["relative"])
+    proc = transformers.DPTImageProcessorPil(size={"height": 56, "width": 56}, keep_aspect_ratio=True,
+                                             ensure_multiple_of=14, resample=3, image_mean=[0.485, 0.456, 0.406],
+                                             image_std=[0.229, 0.224, 0.225])
+    proc.save_pretrained(tmp_path / "saved")
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "saved"), "-o", str(tmp_path / "out"),
+                                 "--dynamic-img-size", "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["preprocess"]["multiple_of"] == 14
+    photos = [ROOT / "calibration" / "photos" / "calib" / "chelsea.jpg", *sorted(PHOTOS.glob("*.jpg"))[:1]]
+    r = CliRunner().invoke(cli, ["predict", str(tmp_path / "out"), *map(str, photos), "--out-dir",
+                                 str(tmp_path / "maps"), "-q"])
+    assert r.exit_code == 0, r.output
+    for photo in photos:
+        with Image.open(photo) as img:
+            rgb = img.convert("RGB")
+        pixels = proc(images=rgb, return_tensors="pt")["pixel_values"]
+        assert pixels.shape[-2] != pixels.shape[-1] or rgb.height == rgb.width  # not squashed to a square
+        with torch.no_grad():
+            out = model(pixel_values=pixels)
+        want = proc.post_process_depth_estimation(out, target_sizes=[(rgb.height, rgb.width)])[0]
+        want = want["predicted_depth"].numpy()
+        got = np.load(tmp_path / "maps" / f"{photo.stem}.depth.npy")
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max(), photo.name

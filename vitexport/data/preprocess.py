@@ -27,6 +27,10 @@ class Preprocess:
     crop_pct: float = 0.9  # resize the shorter side to size / crop_pct, then center-crop to size
     interpolation: str = "bicubic"  # resize filter: bicubic | bilinear | nearest
     crop_mode: str = "center"  # CROP_MODES
+    # DPT's processor with keep_aspect_ratio (Depth Anything): each image resized, keeping its aspect ratio, to
+    # multiples of this (the side whose scale is closer to 1 sets the scale; 0: off). A fixed-size graph takes
+    # input_size alone; a dynamic-size one takes each image at its own size (`aspect_size`)
+    multiple_of: int = 0
 
     def resized_size(self, w: int, h: int) -> tuple[int, int]:
         """(width, height) an image of w x h is resized to before the crop, as timm's eval transform resizes it:
@@ -61,8 +65,28 @@ class Preprocess:
         h, w = maps.shape[-2:]
         return maps[..., :max(1, round(h * min(nh, th) / th)), :max(1, round(w * min(nw, tw) / tw))]
 
+    def aspect_size(self, w: int, h: int) -> tuple[int, int]:
+        """(width, height) DPT's processor gives an image of w x h with keep_aspect_ratio and ensure_multiple_of
+        (transformers' get_resize_output_image_size): the per-axis scale closer to 1 for both axes, each side
+        rounded to a multiple (Python's round: halves to even)."""
+        m = self.multiple_of or 1
+        th, tw = self.input_size
+        sh, sw = th / h, tw / w
+        if abs(1 - sw) < abs(1 - sh):
+            sh = sw
+        else:
+            sw = sh
+
+        def multiple(v: float) -> int:
+            x = round(v / m) * m
+            return math.ceil(v / m) * m if x < 0 else x
+
+        return multiple(sw * w), multiple(sh * h)
+
     def to_dict(self) -> dict:
         d = asdict(self)
+        if not self.multiple_of:  # manifests without it read the same
+            del d["multiple_of"]
         d["input_size"] = list(self.input_size)
         d["mean"], d["std"] = list(self.mean), list(self.std)
         return d
@@ -76,6 +100,7 @@ class Preprocess:
             crop_pct=float(d["crop_pct"]),
             interpolation=str(d["interpolation"]),
             crop_mode=str(d.get("crop_mode", "center")),  # manifests before crop modes: timm's default
+            multiple_of=int(d.get("multiple_of", 0)),
         )
 
 

@@ -136,8 +136,11 @@ def iter_dense(folder: ModelFolder, images: Sequence[Path | str], out: Path, *, 
                              f"{display_path(out)}); give another --out-dir or remove them.")
     dense = manifest.config["dense"]
     metric = dense.get("depth_type") == "metric"
+    per_image = manifest.img_size_range is not None and manifest.preprocess.multiple_of > 0
+    outputs = _own_sizes(folder, manifest, files, backend, precision, log) if per_image else \
+        _outputs(folder, manifest, files, backend, precision, batch, workers, log, dense_shape=True)
     i = 0
-    for chunk, maps in _outputs(folder, manifest, files, backend, precision, batch, workers, log, dense_shape=True):
+    for chunk, maps in outputs:
         for f, m in zip(chunk, maps):
             with Image.open(f) as img:
                 size = (img.height, img.width)
@@ -150,6 +153,46 @@ def iter_dense(folder: ModelFolder, images: Sequence[Path | str], out: Path, *, 
                     written, figures = segmentation_files(classes, img, out, stems[i], m.shape[0])
             yield DenseResult(display_path(f), written, figures)
             i += 1
+
+
+def _own_sizes(folder: ModelFolder, manifest, files: list[Path], backend: str, precision: str,
+               log: Log) -> Iterator[tuple[list[Path], list[np.ndarray]]]:
+    """Each image at its own size, as DPT's processor with keep_aspect_ratio sizes it (Preprocess.aspect_size),
+    through a dynamic-size graph one at a time; one sentence for an image whose size is outside the export's
+    range."""
+    from dataclasses import replace
+
+    from PIL import Image
+
+    from ..artifacts.workspace import reading
+    from ..data.images import ImageError, normalise, resize_and_crop
+    from ..ensure import ensure_artifact
+    from .predict import open_runner
+
+    pp = manifest.preprocess
+    (h0, w0), (h1, w1) = manifest.img_size_range
+    if backend in ("onnxruntime", "openvino"):
+        ensure_artifact(folder, precision, log=log)
+    with reading(folder, log):
+        runner = open_runner(folder, backend, precision, log)
+    try:
+        with log.bar("predicting", len(files)) as advance:
+            for f in files:
+                try:
+                    with Image.open(f) as img:
+                        w, h = pp.aspect_size(*img.size)
+                        if not (h0 <= h <= h1 and w0 <= w <= w1):
+                            raise VitexportError(f"{display_path(f)} is resized to {h}x{w} as the model's processor "
+                                                 f"does, outside this export's {h0}x{w0} to {h1}x{w1}; export it "
+                                                 f"with a wider --img-size-range.")
+                        crop = resize_and_crop(img, replace(pp, input_size=(h, w), crop_mode="squash", crop_pct=1.0))
+                except OSError as e:
+                    raise ImageError(f, "unreadable", str(e), "check the file") from None
+                x = normalise(np.asarray(crop, np.uint8)[None], pp)
+                yield [f], list(np.asarray(runner.infer_all(x, chunk=1), np.float32))
+                advance(1)
+    finally:
+        runner.close()
 
 
 def _stems(files: list[Path]) -> list[str]:

@@ -133,9 +133,13 @@ def describe_dense(cfg: dict[str, Any], processor: dict[str, Any] | None, where:
         pp, more = processor_preprocess(processor, fam, size, where)
         notes[:0] = more
         if processor.get("keep_aspect_ratio"):
-            notes.append(f"{where}'s processor keeps each image's aspect ratio (a side a multiple of "
-                         f"{processor.get('ensure_multiple_of', 1)}); at a fixed size vitexport resizes every image "
-                         f"to {size[0]}x{size[1]}.")
+            multiple = processor.get("ensure_multiple_of", 1)
+            if not isinstance(multiple, int) or isinstance(multiple, bool) or not 0 < multiple <= 1024:
+                raise VitexportError(f"{where}'s preprocessor ensure_multiple_of {multiple!r} is not 1..1024.")
+            pp = replace(pp, multiple_of=multiple)
+            notes.append(f"{where}'s processor keeps each image's aspect ratio (its sides multiples of {multiple}): "
+                         f"a --dynamic-img-size export takes each image at that size (predict); at a fixed size, and "
+                         f"for calibration and the bench, every image is resized to {size[0]}x{size[1]}.")
     return Described(fam, fields, pp, notes)
 
 
