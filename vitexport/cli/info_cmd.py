@@ -10,6 +10,16 @@ from ..errors import VitexportError
 from .groups import QUIET, use
 
 
+def _kind(m) -> str:
+    """What the model gives: its classes, or a dense model's task and outputs."""
+    dense = m.config.get("dense") if isinstance(m.config.get("dense"), dict) else None
+    if dense is None:
+        return f"{m.num_classes or 'no'} classes"
+    what = f"depth ({dense.get('depth_type', 'relative')})" if dense.get("task") == "depth" else \
+        f"segmentation ({dense.get('num_labels')} labels)"
+    return f"{ {'dpt': 'DPT', 'eomt': 'EoMT'}.get(dense.get('head', 'dpt'), '')} {what}: {', '.join(m.output_names)}"
+
+
 def _describe(status) -> list[str]:
     """The lines of one folder: the model, how it was exported, each file present with its verified digest."""
     from ..backends.ort_session import session_options
@@ -25,7 +35,7 @@ def _describe(status) -> list[str]:
         f"{m.img_size_range[1][0]}x{m.img_size_range[1][1]}, position embedding resampled with {m.pos_embed_interp})"
     versions = ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)
     lines = [f"{status.folder.path}",
-             f"  model     {m.variant} {m.img_size[0]}x{m.img_size[1]}{sizes}, {m.num_classes or 'no'} classes, {ck}",
+             f"  model     {m.variant} {m.img_size[0]}x{m.img_size[1]}{sizes}, {_kind(m)}, {ck}",
              f"  export    opset {m.opset}{parity}; {versions}",
              f"  manifest  {m.format}",
              "  files"]
