@@ -209,6 +209,8 @@ def check(repo: str, tmp: Path) -> dict:
             # the head's last convolution (Depth Anything's head.conv3, DPT's head.head[4])
             [*_, last] = (m for m in model.head.modules() if isinstance(m, torch.nn.Conv2d))
             last.bias.fill_(1.0)
+        if hasattr(model, "attn_mask_probs"):  # EoMT's trained checkpoints hold 0 (masking annealed away in
+            model.attn_mask_probs.zero_()  # training); with it on, a mask logit within rounding of 0 flips
     processor = getattr(transformers, proc_cls)(**proc_kw) if proc_cls else None
     saved, out = tmp / repo.split("/")[1], tmp / "export"
     model.save_pretrained(saved)

@@ -166,3 +166,16 @@ def test_predict_writes_each_images_class_map(tmp_path):
     for c, share in shares.items():
         assert share == pytest.approx((seg == int(c)).mean())
     assert Image.open(tmp_path / "maps" / "chelsea.overlay.png").size == (451, 300)
+
+
+@pytest.mark.parametrize("probs, judged_by_cosine", [([1.0, 0.0], True), ([0.0, 0.0], False)],
+                         ids=["masked", "unmasked"])
+def test_a_masked_export_is_judged_by_cosine(tmp_path, probs, judged_by_cosine):
+    """A mask logit within float rounding of 0 may fall on either side in another runtime, which moves that query's
+    outputs by more than a max abs bound: with masking on, the export check says it judges by cosine alone."""
+    save_eomt(tmp_path / "saved", TINY, probs)
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp_path / "saved"), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert ("judged by its cosine" in " ".join(r.output.split())) == judged_by_cosine
+    checks = json.loads((tmp_path / "out" / "manifest.json").read_text())["parity"]
+    assert checks["checks"] and all(c["passed"] for c in checks["checks"])

@@ -68,11 +68,15 @@ def check_onnx(onnx_path: Path, reference: Callable[[torch.Tensor], list[np.ndar
     return checks
 
 
-def require_parity(checks: list[BatchCheck], thresholds: Thresholds, against: str = "PyTorch") -> None:
-    """ParityError (exit 1) naming the worst figures when any batch missed."""
+def require_parity(checks: list[BatchCheck], thresholds: Thresholds, against: str = "PyTorch",
+                   relative: bool = False) -> None:
+    """ParityError (exit 1) naming the worst figures when any batch missed (relative: the max abs bound was scaled
+    by the output's magnitude, check_onnx)."""
     if all(c.passed for c in checks):
         return
     worst = max(c.stats.max_abs for c in checks)
     cos = min(c.stats.cos_min for c in checks)
-    raise ParityError(f"ONNX Runtime and {against} disagree: max abs diff {worst:.3g} (allowed {thresholds.max_abs:g}), "
+    allowed = "" if thresholds.max_abs is None else \
+        f" (allowed {thresholds.max_abs:g}{' x max(1, |output|)' if relative else ''})"
+    raise ParityError(f"ONNX Runtime and {against} disagree: max abs diff {worst:.3g}{allowed}, "
                       f"min cosine {cos:.7f} (allowed {thresholds.cos_min:g}); the previous model (if any) was kept.")

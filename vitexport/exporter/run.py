@@ -7,7 +7,7 @@ existing one (force=True does); files made from a previous export with other byt
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..artifacts.folder import ModelFolder
@@ -16,7 +16,7 @@ from ..artifacts.workspace import writing
 from ..environment import versions
 from ..errors import VitexportError
 from ..model.spec import ExportOptions, ModelSpec, SizeRange, check_range, check_sizes, default_range
-from ..parity.compare import export_thresholds
+from ..parity.compare import EXPORT_THRESHOLDS, export_thresholds
 from ..paths import sha256_file
 from ..preflight import check_export, check_opset
 from ..progress import QUIET, Log
@@ -144,6 +144,12 @@ def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: 
     manifest = new_manifest(spec, built, onnx_path.name, opts.opset, rng, outputs)
     previous = _previous(folder, manifest, opts.force)
     thresholds = export_thresholds(opts.atol)
+    if opts.atol == EXPORT_THRESHOLDS.max_abs and any(getattr(built.model, "mask_plan", None) or ()):
+        # EoMT with masked attention: a mask logit within float rounding of 0 falls on either side in another
+        # runtime and moves that query's outputs by more than any max abs bound; the cosine bound judges
+        thresholds = replace(thresholds, max_abs=None)
+        log.info("EoMT's attention masks threshold mask logits at 0, which float rounding may cross in another "
+                 "runtime: the export is judged by its cosine to PyTorch (another --atol sets a max abs bound too).")
     meta = onnx_metadata(spec.variant, built.preprocess, built.model.cfg.num_classes, spec.pos_embed_interp, rng)
     batches = ", ".join(map(str, opts.check_batches))
     sizes = None if rng is None else check_sizes(built.model.cfg.img_size, rng)
@@ -157,7 +163,7 @@ def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: 
         with log.step(f"Checking ONNX Runtime against PyTorch at batch {batches}{at}"):
             checks = check_onnx_against_torch(staged, built.model, opts.check_batches, thresholds, log=log,
                                               sizes=sizes, outputs=outputs)
-        require_parity(checks, thresholds)
+        require_parity(checks, thresholds, relative=built.model.cfg.dense is not None)
         object_checks = []
         names = tuple(o for o in outputs if o in opts.reference_outputs)
         if opts.reference is not None and names:
