@@ -46,13 +46,7 @@ CASES = {
 }
 
 
-def perturb(model, seed=0):
-    """Every tensor random, norms and biases included, so no wrong mapping hides behind an initial value."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    return model.eval()
+from test_transformers_towers import perturb  # noqa: E402 -- every tensor random: no mapping hides behind an init
 
 
 def save_depth_anything(folder, config: dict, seed=0):

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..errors import VitexportError
-from .heads.config import DenseConfig
+from .heads.config import DenseConfig, known_fields
 
 DEFAULT_NORM_EPS = 1e-6  # timm's LayerNorm and RmsNorm
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "token_avg", "")
@@ -348,8 +348,4 @@ class ViTConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
         """A config from a manifest or a table; fields this version does not know are refused by name."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(k for k in d if k not in known)
-        if unknown:
-            raise VitexportError(f"The model config has fields vitexport does not know: {', '.join(unknown)}.")
-        return cls(**d)
+        return cls(**known_fields(cls, d, "The model config"))

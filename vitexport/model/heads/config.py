@@ -168,8 +168,14 @@ class DenseConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DenseConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(k for k in d if k not in known)
-        if unknown:
-            raise VitexportError(f"The dense head's config has fields vitexport does not know: {', '.join(unknown)}.")
-        return cls(**d)
+        return cls(**known_fields(cls, d, "The dense head's config"))
+
+
+def known_fields(cls: Any, d: dict[str, Any], what: str) -> dict[str, Any]:
+    """`d` when each key is a field of the dataclass `cls`; one sentence naming the fields this version does not
+    know (a manifest or table written by a newer vitexport)."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(k for k in d if k not in known)
+    if unknown:
+        raise VitexportError(f"{what} has fields vitexport does not know: {', '.join(unknown)}.")
+    return d
