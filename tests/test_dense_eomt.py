@@ -95,17 +95,22 @@ def test_the_export_gives_transformers_outputs(tmp_path, probs, extra, dinov3):
     assert not rule_breakers(onnx.load(str(tmp_path / "out" / "model.onnx")))
 
 
-def test_a_minimal_config_and_the_processors_preprocessing(tmp_path):
-    """A config.json of the non-default values alone (EomtConfig's defaults for the rest) and the processor's
-    own settings saved beside it: the model transformers builds from the same file, and its pixels on a photo."""
-    minimal = {"model_type": "eomt", "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2,
+@pytest.mark.parametrize("model_type", ["eomt", "eomt_dinov3"])
+def test_a_minimal_config_and_the_processors_preprocessing(tmp_path, model_type):
+    """A config.json of the non-default values alone (EomtConfig's or EomtDinov3Config's defaults for the rest: 4
+    registers, patch 16, DINOv3's RoPE theta 100 and no key bias) and the processor's own settings saved beside
+    it: the model transformers builds from the same file, and its pixels on a photo."""
+    minimal = {"model_type": model_type, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2,
                "image_size": 64, "num_queries": 4, "num_blocks": 1, "id2label": {str(i): f"c{i}" for i in range(5)}}
+    if model_type == "eomt_dinov3":
+        minimal["intermediate_size"] = 64
     saved = tmp_path / "saved"
     saved.mkdir()
     (saved / "config.json").write_text(json.dumps(minimal))
     torch.manual_seed(0)
-    model = transformers.EomtForUniversalSegmentation(transformers.AutoConfig.from_pretrained(saved)).eval()
-    assert model.config.num_register_tokens == 4 and model.config.num_labels == 5
+    cls = "EomtDinov3ForUniversalSegmentation" if model_type == "eomt_dinov3" else "EomtForUniversalSegmentation"
+    model = getattr(transformers, cls)(transformers.AutoConfig.from_pretrained(saved)).eval()
+    assert model.config.num_register_tokens == 4 and model.config.num_labels == 5 and model.config.patch_size == 16
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)

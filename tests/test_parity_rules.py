@@ -107,22 +107,40 @@ def test_judge_uses_the_precisions_defaults_unless_overridden():
     assert "cosine min 0.96000" in describe(s)
 
 
-def test_the_defaults_are_the_ones_docs_parity_states():
-    text = (ROOT / "docs" / "PARITY.md").read_text()
+def _docs_table(header: str) -> dict[str, list[str]]:
+    """The rows of the PARITY.md table whose header row starts with `header`, by precision (a row naming two,
+    'int8, fp8', stands for both)."""
+    lines = (ROOT / "docs" / "PARITY.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = {}
-    for line in text.splitlines():
-        m = re.match(r"\| (fp32|bf16|fp16|int8|fp8)\b[^|]*\|(.*)\|\s*$", line)
-        if m and m.group(1) not in rows:
-            rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        first, *cells = [c.strip() for c in line.strip("|").split("|")]
+        for precision in re.findall(r"\b(fp32|bf16|fp16|int8|fp8)\b", first.split("(")[0]):
+            rows[precision] = cells
+    return rows
 
-    def number(cell):
-        m = re.search(r"([0-9.]+(?:e-?[0-9]+)?)", cell)
-        return None if cell in ("–", "-") or m is None else float(m.group(1))
 
+def _number(cell):
+    m = re.search(r"([0-9.]+(?:e-?[0-9]+)?)", cell)
+    return None if cell in ("–", "-") or m is None else float(m.group(1))
+
+
+def test_the_defaults_are_the_ones_docs_parity_states():
+    rows = _docs_table("| precision | max abs |")
     assert set(rows) == set(DEFAULT_THRESHOLDS)
     for precision, cells in rows.items():
         th = DEFAULT_THRESHOLDS[precision]
-        assert [number(c) for c in cells[:4]] == [th.max_abs, th.cos_min, th.cos_mean, th.acc_drop], precision
+        assert [_number(c) for c in cells[:4]] == [th.max_abs, th.cos_min, th.cos_mean, th.acc_drop], precision
+
+
+def test_the_dense_defaults_are_the_ones_docs_parity_states():
+    rows = _docs_table("| precision | depth AbsRel")
+    assert set(rows) == set(DEFAULT_THRESHOLDS)
+    for precision, cells in rows.items():
+        th = DEFAULT_THRESHOLDS[precision]
+        assert [_number(c) for c in cells[:4]] == [th.absrel, th.delta1, th.pixel_agree, th.miou], precision
 
 
 def test_the_failure_phrases_carry_the_figures():
