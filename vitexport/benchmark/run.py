@@ -29,7 +29,7 @@ from ..paths import display_path
 from ..precision.settings import CalibOptions
 from ..preflight import check_batches
 from ..progress import QUIET, Log
-from ..validate.evaluate import ValidationSet, open_validation
+from ..validate.evaluate import ValidationSet, eval_batch, open_validation
 from .against import Reference, parity_pass
 from .plan import bench_sizes, default_bench_data, generated_note, judged_output, torch_model
 from .latency import Latency, measure_latency, takes_batch
@@ -232,7 +232,7 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
     return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log,
                            class_names(manifest), opts.labels, dense=manifest.dense_task,
                            relative_depth=(manifest.config.get("dense") or {}).get("depth_type") != "metric",
-                           depth_scale=opts.depth_scale)
+                           depth_scale=opts.depth_scale, batch=eval_batch(manifest.config))
 
 
 def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], opts: BenchOptions,

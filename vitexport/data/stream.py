@@ -183,6 +183,7 @@ class InputCache:
     def __init__(self, images: ImageSet, pp: Preprocess, workers: int | None = None, where: Path | None = None,
                  progress: Progress | None = None) -> None:
         self.pp, self.n = pp, len(images)
+        self.batch: int | None = None  # images a call when the set is evaluated (validate.evaluate.eval_batch)
         h, w = pp.input_size
         self.item_shape, self.dtype = ((h, w, 3), np.uint8) if not images.npy else ((3, h, w), np.float32)
         self.item_bytes = int(np.prod(self.item_shape)) * np.dtype(self.dtype).itemsize

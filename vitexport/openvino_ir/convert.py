@@ -35,7 +35,7 @@ from ..paths import default_heldout_dir, display_path, out_of_space, sha256_file
 from ..precision.prepare import PrecisionResult
 from ..precision.settings import CalibOptions
 from ..progress import QUIET, Log
-from ..validate.evaluate import ValidationSet, evaluate, open_validation
+from ..validate.evaluate import ValidationSet, eval_batch, evaluate, open_validation
 
 
 def ir_kind(precision: str) -> str:
@@ -122,7 +122,8 @@ def _heldout(calib: CalibOptions, manifest: Manifest, log: Log) -> ValidationSet
         return None
     root = Path(calib.check_data) if calib.check_data else default_heldout_dir(manifest.variant)
     return open_validation(root, manifest.preprocess, manifest.num_classes, log=log, names=class_names(manifest),
-                           label_files=calib.check_labels, dense=manifest.dense_task)
+                           label_files=calib.check_labels, dense=manifest.dense_task,
+                           batch=eval_batch(manifest.config))
 
 
 def check_ir_against_fp32(fp32: Path, xml: Path, precision: str, manifest: Manifest, held: ValidationSet,

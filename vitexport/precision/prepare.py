@@ -20,7 +20,7 @@ from ..model.spec import second_size
 from ..parity.compare import DEFAULT_THRESHOLDS, ParityVerdict
 from ..paths import atomic_path, default_calib_dir, default_heldout_dir, sha256_file
 from ..progress import QUIET, Log
-from ..validate.evaluate import ValidationSet, open_validation
+from ..validate.evaluate import ValidationSet, eval_batch, open_validation
 from .attention import attention_attempts, without_attention
 from .check import check_against_fp32, fp32_reference
 from .convert import graph_precision
@@ -80,7 +80,8 @@ def _heldout(opts: CalibOptions, manifest: Manifest, precision: str, log: Log) -
     if precision in QDQ_KINDS and held_dir.resolve() == calib_dir.resolve():
         raise VitexportError("The check data is the calibration data; pass held-out images with --check-data.")
     return open_validation(held_dir, manifest.preprocess, manifest.num_classes, log=log, names=class_names(manifest),
-                           label_files=opts.check_labels, dense=manifest.dense_task)
+                           label_files=opts.check_labels, dense=manifest.dense_task,
+                           batch=eval_batch(manifest.config))
 
 
 def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptions | None = None,

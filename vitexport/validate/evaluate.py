@@ -17,7 +17,24 @@ from ..parity.compare import ParityStats
 from ..progress import QUIET, Log
 
 Infer = Callable[[np.ndarray], np.ndarray]  # (B, 3, H, W) float32 -> (B, ...) outputs
-EVAL_BATCH = 32  # images per inference call while streaming (engines with a smaller range are chunked)
+EVAL_BATCH = 32  # images per inference call while streaming (engines with a smaller range are chunked), at most
+ATTENTION_BUDGET = 512 * 1024**2  # bytes of one block's attention scores (and their softmax) a batch may hold
+
+
+def eval_batch(config: dict) -> int:
+    """Images per inference call for a model (its manifest's config): EVAL_BATCH, fewer at a long sequence, where
+    a runtime holds each block's attention scores and their softmax, heads x tokens^2 floats each, for the whole
+    batch (Depth Anything at 518: 1,370 tokens, 90 MB an image)."""
+    try:
+        grid = [s // p for s, p in zip(config["img_size"], config["patch_size"])]
+        prefix = int(bool(config.get("class_token"))) + int(bool(config.get("distilled"))) + \
+            int(config.get("reg_tokens") or 0)
+        queries = (config.get("dense") or {}).get("num_queries") or 0
+        tokens = grid[0] * grid[1] + prefix + queries
+        per_image = 2 * int(config["num_heads"]) * tokens ** 2 * 4
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return EVAL_BATCH
+    return max(1, min(EVAL_BATCH, ATTENTION_BUDGET // per_image))
 
 
 @dataclass
@@ -35,12 +52,14 @@ class Evaluation:
 
 def evaluate(candidate: Infer, inputs: InputCache, labels: np.ndarray | Truth | None, *,
              reference: Infer | OutputStore | None = None, record: OutputStore | None = None,
-             label: str = "evaluating", batch: int = EVAL_BATCH, log: Log = QUIET) -> Evaluation:
-    """Run `candidate` on every input and compare it with the reference.
+             label: str = "evaluating", batch: int | None = None, log: Log = QUIET) -> Evaluation:
+    """Run `candidate` on every input and compare it with the reference, `batch` images a call (None: the set's,
+    `inputs.batch`, which open_validation sizes to the model, else EVAL_BATCH).
 
     reference: a function run on the same batch, the reference's stored outputs, or None when the candidate is the
     reference itself (its figures against itself are exact; `record` keeps its outputs for the backends after it).
     """
+    batch = batch or getattr(inputs, "batch", None) or EVAL_BATCH
     acc = ParityAccumulator(inputs.n, labels)
     infer_s = read_s = 0.0
     with log.bar(label, inputs.n) as advance:
@@ -113,7 +132,7 @@ class ValidationSet:
 def open_validation(root, pp, num_classes: int, max_images: int | None = None, workers: int | None = None,
                     log: Log = QUIET, names: list[str] | None = None, label_files: tuple = (),
                     dense: str | None = None, relative_depth: bool = True,
-                    depth_scale: float = 1000.0) -> ValidationSet:
+                    depth_scale: float = 1000.0, batch: int | None = None) -> ValidationSet:
     """List `root`, take `max_images` spread over it, decode each image once (with a progress bar); labels from
     class folders or `label_files` (paths) mapped onto the model's classes `names` (validate.labels; else a
     warning saying why not); dense: a dense model's task (Manifest.dense_task), whose outputs are judged by it, and
@@ -139,6 +158,7 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
         log.warn(f"ImageNet-ReaL labels name ImageNet-1k's classes; the model has {num_classes}: not used.")
     keep = inputs.kept if inputs.n < len(images) else slice(None)
     pick = (lambda a: None if a is None else a[keep])  # the figures of the images the cache holds
+    inputs.batch = batch or EVAL_BATCH  # images a call when the set is evaluated (eval_batch: fewer at long sequences)
     vset = ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how, dense)
     if dense is not None and not images.npy:
         from ..data.dense_truth import truth_for
