@@ -27,6 +27,20 @@ transformers = pytest.importorskip("transformers")
 PHOTOS = sorted((ROOT / "calibration" / "photos").rglob("*.jpg"))[:8]
 
 
+def _preprocess_of(folder):
+    return Preprocess.from_dict(json.loads((folder / "manifest.json").read_text())["preprocess"])
+
+
+def _photos_into(data):
+    """Each photo saved into `data` as PNG, with its RGB image: (photo path, image)."""
+    data.mkdir()
+    for photo in PHOTOS:
+        with Image.open(photo) as img:
+            rgb = img.convert("RGB")
+        rgb.save(data / f"{photo.stem}.png")
+        yield photo, rgb
+
+
 @pytest.fixture(scope="module")
 def depth_folder(tmp_path_factory):
     """A Depth Anything export with its CPU INT8 graph, and a folder of photos with ground-truth depth PNGs."""
@@ -48,13 +62,8 @@ def depth_folder(tmp_path_factory):
     for args in (["onnx", "-c", str(tmp / "saved"), "-o", str(out)], ["quantize", str(out), "--int8"]):
         r = CliRunner().invoke(cli, [*args, "-q"])
         assert r.exit_code == 0, r.output
-    pp = Preprocess.from_dict(json.loads((out / "manifest.json").read_text())["preprocess"])
-    data = tmp / "data"
-    data.mkdir()
-    for photo in PHOTOS:
-        with Image.open(photo) as img:
-            rgb = img.convert("RGB")
-        rgb.save(data / f"{photo.stem}.png")
+    pp, data = _preprocess_of(out), tmp / "data"
+    for photo, rgb in _photos_into(data):
         with torch.no_grad():
             d = model(pixel_values=torch.from_numpy(load_image(photo, pp)[None])).predicted_depth
         d = F.interpolate(d[None], size=(rgb.height, rgb.width), mode="bicubic", align_corners=False)[0, 0].numpy()
@@ -138,16 +147,11 @@ def segmentation_folder(tmp_path_factory):
     out = tmp / "out"
     r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp / "saved"), "-o", str(out), "-q"])
     assert r.exit_code == 0, r.output
-    pp = Preprocess.from_dict(json.loads((out / "manifest.json").read_text())["preprocess"])
     import onnxruntime as ort
 
+    pp, data = _preprocess_of(out), tmp / "data"
     sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    data = tmp / "data"
-    data.mkdir()
-    for photo in PHOTOS:
-        with Image.open(photo) as img:
-            rgb = img.convert("RGB")
-        rgb.save(data / f"{photo.stem}.png")
+    for photo, rgb in _photos_into(data):
         semantic = sess.run(["semantic_probs"], {"pixel_values": load_image(photo, pp)[None]})[0][0]
         size = (rgb.height, rgb.width)
         mask = resize_maps(pp.image_part(semantic, size), size, "bilinear").argmax(0).astype(np.uint8)
