@@ -243,7 +243,8 @@ def graphs_breaking_the_rule(root: Path) -> list[str]:
     """'FILE: NODE (OP), ...' for each ONNX graph under `root` with a node of graph_rules.FORBIDDEN_OPS, and for
     each graph vitexport wrote (its producer: an export, and the graphs made of it) with a node TensorRT's ONNX
     parser refuses ('node NAME (OP): why', graph_rules.parser_refusals: its support matrix op by op; an antialiased
-    Resize, which `vitexport trt` refuses itself, excepted). A test's hand-made graph is held to FORBIDDEN_OPS only.
+    Resize, which `vitexport trt` refuses itself, excepted) or that fails onnx.checker's full check. A test's
+    hand-made graph is held to FORBIDDEN_OPS only.
     Files that are not regular files (the FIFOs and links of the untrusted-folder tests) and files that are no ONNX
     graph (their corrupt-file cases) are not graphs vitexport wrote."""
     import onnx
@@ -260,7 +261,21 @@ def graphs_breaking_the_rule(root: Path) -> list[str]:
             continue
         if breakers := (parser_refusals if model.producer_name == "vitexport" else rule_breakers)(model):
             found.append(f"{path.relative_to(root)}: {', '.join(breakers[:5])}")
+        elif model.producer_name == "vitexport" and (invalid := _full_check(path)):
+            found.append(f"{path.relative_to(root)}: onnx.checker's full check: {invalid}")
     return found
+
+
+def _full_check(path: Path) -> str:
+    """onnx.checker's full check (with shape inference) of a graph vitexport wrote, by path (its external data
+    beside it): '' when it passes, else the checker's first line."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as e:  # noqa: BLE001 - ValidationError, InferenceError: the checker's sentence is the finding
+        return str(e).splitlines()[0][:200]
+    return ""
 
 
 def pytest_sessionfinish(session, exitstatus):
