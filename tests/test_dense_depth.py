@@ -248,3 +248,16 @@ def test_a_dynamic_export_predicts_each_image_at_the_processors_own_size(tmp_pat
         got = np.load(tmp_path / "maps" / f"{photo.stem}.depth.npy")
         assert got.shape == want.shape
         assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max(), photo.name
+
+
+def test_a_model_object_exports_as_its_folder_does(tmp_path):
+    """`vitexport.export(model)` with transformers' DepthAnythingForDepthEstimation in memory: the dense model its
+    config describes, with its weights, gives its predicted_depth."""
+    import vitexport
+
+    torch.manual_seed(0)
+    model = perturb(transformers.DepthAnythingForDepthEstimation(transformers.DepthAnythingConfig(**CASES["relative"])))
+    result = vitexport.export(model, output=tmp_path / "out")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["config"]["dense"]["task"] == "depth" and result.folder == tmp_path / "out"
+    assert_same_depth(model, tmp_path / "out" / "model.onnx", 56, 56)
