@@ -261,3 +261,23 @@ def test_a_model_object_exports_as_its_folder_does(tmp_path):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["config"]["dense"]["task"] == "depth" and result.folder == tmp_path / "out"
     assert_same_depth(model, tmp_path / "out" / "model.onnx", 56, 56)
+
+
+def test_a_hub_repository_exports_offline_from_the_cache(tmp_path, monkeypatch):
+    """`vitexport onnx -c hf-hub:ORG/NAME` of a Depth Anything repository in the Hugging Face cache, offline: the
+    dense model its config describes, named after the repository, gives transformers' depth."""
+    from test_hub import add_repo
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    model = save_depth_anything(tmp_path / "saved", CASES["relative"])
+    add_repo(tmp_path / "cache", "someone/depth-anything-tiny",
+             {p.name: (lambda dst, src=p: dst.write_bytes(src.read_bytes()))
+              for p in (tmp_path / "saved").iterdir() if p.is_file()})
+    r = CliRunner().invoke(cli, ["onnx", "-c", "hf-hub:someone/depth-anything-tiny", "-q"])
+    assert r.exit_code == 0, r.output
+    (folder,) = (tmp_path / "models").glob("depth-anything-tiny-*x*")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["checkpoint"]["repo"] == "someone/depth-anything-tiny"
+    assert_same_depth(model, folder / "model.onnx", 56, 56)
