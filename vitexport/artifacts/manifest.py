@@ -320,10 +320,16 @@ class Manifest:
         )
 
     @property
+    def dense(self) -> dict[str, Any] | None:
+        """A dense model's head (model.heads.config.DenseConfig's fields, as config.dense records them); None for a
+        ViT."""
+        dense = self.config.get("dense")
+        return dense if isinstance(dense, dict) else None
+
+    @property
     def dense_task(self) -> str | None:
         """A dense model's task ('depth', 'segmentation'; parity.dense judges its output by it); None for a ViT."""
-        dense = self.config.get("dense")
-        return dense.get("task") if isinstance(dense, dict) else None
+        return None if self.dense is None else self.dense.get("task")
 
     @property
     def output_names(self) -> list[str]:

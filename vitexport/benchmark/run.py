@@ -230,9 +230,8 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
         log.warn(f"{data_dir} is the data the INT8 model was calibrated on: its INT8 parity will look better "
                  "than on unseen images.")
     return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log,
-                           class_names(manifest), opts.labels, dense=manifest.dense_task,
-                           relative_depth=(manifest.config.get("dense") or {}).get("depth_type") != "metric",
-                           depth_scale=opts.depth_scale, batch=eval_batch(manifest.config))
+                           class_names(manifest), opts.labels, dense=manifest.dense, depth_scale=opts.depth_scale,
+                           batch=eval_batch(manifest.config))
 
 
 def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], opts: BenchOptions,

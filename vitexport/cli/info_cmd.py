@@ -12,7 +12,7 @@ from .groups import QUIET, use
 
 def _kind(m) -> str:
     """What the model gives: its classes, or a dense model's task and outputs."""
-    dense = m.config.get("dense") if isinstance(m.config.get("dense"), dict) else None
+    dense = m.dense
     if dense is None:
         return f"{m.num_classes or 'no'} classes"
     what = f"depth ({dense.get('depth_type', 'relative')})" if dense.get("task") == "depth" else \

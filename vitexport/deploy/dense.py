@@ -134,7 +134,7 @@ def iter_dense(folder: ModelFolder, images: Sequence[Path | str], out: Path, *, 
     if clash:
         raise VitexportError(f"{display_path(clash[0])} already exists ({len(clash)} file(s) of these images in "
                              f"{display_path(out)}); give another --out-dir or remove them.")
-    dense = manifest.config["dense"]
+    dense = manifest.dense
     metric = dense.get("depth_type") == "metric"
     per_image = manifest.img_size_range is not None and manifest.preprocess.multiple_of > 0
     outputs = _own_sizes(folder, manifest, files, backend, precision, log) if per_image else \

@@ -122,7 +122,7 @@ def _heldout(calib: CalibOptions, manifest: Manifest, log: Log) -> ValidationSet
         return None
     root = Path(calib.check_data) if calib.check_data else default_heldout_dir(manifest.variant)
     return open_validation(root, manifest.preprocess, manifest.num_classes, log=log, names=class_names(manifest),
-                           label_files=calib.check_labels, dense=manifest.dense_task,
+                           label_files=calib.check_labels, dense=manifest.dense,
                            batch=eval_batch(manifest.config))
 
 

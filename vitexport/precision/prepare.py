@@ -80,7 +80,7 @@ def _heldout(opts: CalibOptions, manifest: Manifest, precision: str, log: Log) -
     if precision in QDQ_KINDS and held_dir.resolve() == calib_dir.resolve():
         raise VitexportError("The check data is the calibration data; pass held-out images with --check-data.")
     return open_validation(held_dir, manifest.preprocess, manifest.num_classes, log=log, names=class_names(manifest),
-                           label_files=opts.check_labels, dense=manifest.dense_task,
+                           label_files=opts.check_labels, dense=manifest.dense,
                            batch=eval_batch(manifest.config))
 
 

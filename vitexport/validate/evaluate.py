@@ -25,15 +25,15 @@ def eval_batch(config: dict) -> int:
     """Images per inference call for a model (its manifest's config): EVAL_BATCH, fewer at a long sequence, where
     a runtime holds each block's attention scores and their softmax, heads x tokens^2 floats each, for the whole
     batch (Depth Anything at 518: 1,370 tokens, 90 MB an image)."""
+    from ..model.config import ViTConfig
+
     try:
-        grid = [s // p for s, p in zip(config["img_size"], config["patch_size"])]
-        prefix = int(bool(config.get("class_token"))) + int(bool(config.get("distilled"))) + \
-            int(config.get("reg_tokens") or 0)
-        queries = (config.get("dense") or {}).get("num_queries") or 0
-        tokens = grid[0] * grid[1] + prefix + queries
-        per_image = 2 * int(config["num_heads"]) * tokens ** 2 * 4
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        cfg = ViTConfig.from_dict(config)
+    except (VitexportError, TypeError):  # a config this version cannot read: the bench says so when it builds it
         return EVAL_BATCH
+    tokens = cfg.grid_size[0] * cfg.grid_size[1] + cfg.num_prefix_tokens + \
+        (cfg.dense.num_queries if cfg.dense is not None else 0)
+    per_image = 2 * cfg.num_heads * tokens ** 2 * 4
     return max(1, min(EVAL_BATCH, ATTENTION_BUDGET // per_image))
 
 
@@ -131,12 +131,13 @@ class ValidationSet:
 
 def open_validation(root, pp, num_classes: int, max_images: int | None = None, workers: int | None = None,
                     log: Log = QUIET, names: list[str] | None = None, label_files: tuple = (),
-                    dense: str | None = None, relative_depth: bool = True,
-                    depth_scale: float = 1000.0, batch: int | None = None) -> ValidationSet:
+                    dense: dict | None = None, depth_scale: float = 1000.0,
+                    batch: int | None = None) -> ValidationSet:
     """List `root`, take `max_images` spread over it, decode each image once (with a progress bar); labels from
     class folders or `label_files` (paths) mapped onto the model's classes `names` (validate.labels; else a
-    warning saying why not); dense: a dense model's task (Manifest.dense_task), whose outputs are judged by it, and
-    against the ground-truth maps beside the images (data.dense_truth) where there are any."""
+    warning saying why not); dense: a dense model's head (Manifest.dense), whose outputs are judged by its task,
+    and against the ground-truth maps beside the images (data.dense_truth) where there are any (a metric depth model
+    as it is, a relative one aligned by scale and shift)."""
     from ..data.labelfile import read_label_file
     from ..data.stream import default_workers, open_images
 
@@ -159,15 +160,17 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
     keep = inputs.kept if inputs.n < len(images) else slice(None)
     pick = (lambda a: None if a is None else a[keep])  # the figures of the images the cache holds
     inputs.batch = batch or EVAL_BATCH  # images a call when the set is evaluated (eval_batch: fewer at long sequences)
-    vset = ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how, dense)
-    if dense is not None and not images.npy:
+    task = None if dense is None else dense.get("task")
+    vset = ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how, task)
+    if task is not None and not images.npy:
         from ..data.dense_truth import truth_for
 
-        found = [truth_for(images.files[i], dense) for i in inputs.kept]  # the images the cache holds, in order
+        found = [truth_for(images.files[i], task) for i in inputs.kept]  # the images the cache holds, in order
         if any(p is not None for p in found):
-            vset.dense_truth, vset.relative_depth, vset.depth_scale = found, relative_depth, depth_scale
+            vset.dense_truth, vset.depth_scale = found, depth_scale
+            vset.relative_depth = dense.get("depth_type") != "metric"
             log.info(f"Ground truth for {sum(p is not None for p in found):,} of {len(found):,} images "
-                     f"({'depth maps' if dense == 'depth' else 'class masks'} beside them).")
+                     f"({'depth maps' if task == 'depth' else 'class masks'} beside them).")
     return vset
 
 
