@@ -17,9 +17,6 @@ import numpy as np
 
 DELTA1 = 1.25
 IGNORE_INDEX = 255  # a segmentation truth's pixel without a class
-DENSE_KINDS = ("depth", "segmentation")
-# per kind: the figures kept per image, in order
-FIGURES = {"depth": ("absrel", "delta1"), "segmentation": ("pixel_agree", "miou")}
 
 
 def depth_figures(ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -44,23 +41,6 @@ def depth_figures(ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndar
 def class_maps(logits: np.ndarray) -> np.ndarray:
     """(B, C, H, W) logits -> (B, H*W) class indices."""
     return logits.reshape(logits.shape[0], logits.shape[1], -1).argmax(1)
-
-
-def miou(a: np.ndarray, b: np.ndarray, classes: int, ignore: int | None = None) -> np.ndarray:
-    """Per image of (B, P) class maps: the mean IoU of `b` against `a` over the classes present in either (pixels
-    where `a` is `ignore` left out)."""
-    out = np.zeros(len(a))
-    for i, (x, y) in enumerate(zip(a, b)):
-        keep = x != ignore if ignore is not None else slice(None)
-        x, y = x[keep], y[keep]
-        if not len(x):
-            out[i] = 1.0
-            continue
-        inter = np.bincount(x[x == y], minlength=classes)
-        union = np.bincount(x, minlength=classes) + np.bincount(y, minlength=classes) - inter
-        present = union > 0
-        out[i] = float((inter[present] / union[present]).mean())
-    return out
 
 
 def class_counts(a: np.ndarray, b: np.ndarray, classes: int) -> tuple[np.ndarray, np.ndarray]:
