@@ -162,30 +162,26 @@ class ViTConfig:
             self._check_dense(self.dense)
 
     def _check_dense(self, d: DenseConfig) -> None:
+        """What a dense head needs of its backbone: a class token (DPT's readout, EoMT's prefix), no classifier, the
+        layers it taps or joins, and the sizes it runs at."""
         if not self.class_token:
-            raise VitexportError("A DPT head reads the class token of each tap: its backbone needs class_token=True.")
+            raise VitexportError("A dense head reads each tap's class token: its backbone needs class_token=True.")
+        if self.num_classes:
+            raise VitexportError("A dense model has no classification head (num_classes 0).")
+        size = "a dynamic size" if self.dynamic_img_size else f"{self.img_size[0]}x{self.img_size[1]}"
         if d.head == "eomt":
-            self._check_eomt(d)
+            if d.query_blocks > self.depth:
+                raise VitexportError(f"EoMT's queries join {d.query_blocks} blocks of a {self.depth}-block backbone.")
+            if self.dynamic_img_size or self.grid_size != d.grid:
+                raise VitexportError(f"transformers' EoMT runs at its image_size alone ("
+                                     f"{d.grid[0] * self.patch_size[0]}x{d.grid[1] * self.patch_size[1]}, its "
+                                     f"{d.grid[0]}x{d.grid[1]} patch grid), not at {size}; export it at that size.")
             return
         if max(d.taps) > self.depth:
             raise VitexportError(f"The dense head taps layer {max(d.taps)} of a {self.depth}-block backbone.")
-        if self.num_classes:
-            raise VitexportError("A dense model has no classification head (num_classes 0).")
         if d.square_grid and (self.dynamic_img_size or self.grid_size[0] != self.grid_size[1]):
-            what = "a dynamic size" if self.dynamic_img_size else f"{self.img_size[0]}x{self.img_size[1]}"
             raise VitexportError(f"DPT's own ViT lays its tokens out as a square grid, so it takes square inputs of "
-                                 f"one size, not {what}: export it at a fixed square --img-size.")
-
-    def _check_eomt(self, d: DenseConfig) -> None:
-        if d.query_blocks > self.depth:
-            raise VitexportError(f"EoMT's queries join {d.query_blocks} blocks of a {self.depth}-block backbone.")
-        if self.dynamic_img_size or self.grid_size != d.grid:
-            what = "a dynamic size" if self.dynamic_img_size else f"{self.img_size[0]}x{self.img_size[1]}"
-            raise VitexportError(f"transformers' EoMT runs at its image_size alone ({d.grid[0] * self.patch_size[0]}x"
-                                 f"{d.grid[1] * self.patch_size[1]}, its {d.grid[0]}x{d.grid[1]} patch grid), not "
-                                 f"at {what}; export it at that size.")
-        if self.num_classes:
-            raise VitexportError("A dense model has no classification head (num_classes 0).")
+                                 f"one size, not {size}: export it at a fixed square --img-size.")
 
     def _kv_heads(self, v: Any) -> tuple[int, ...] | None:
         """num_kv_heads as one entry per block: an int stands for every block; None entries mean num_heads."""

@@ -36,6 +36,12 @@ class DenseBase(nn.Module):
     def loaded(self) -> None:
         """Called once a checkpoint's tensors are in (checkpoints.load_into)."""
 
+    @property
+    def thresholded(self) -> bool:
+        """Whether the graph thresholds a computed value (EoMT's masks): float rounding in another runtime may cross
+        it and move an output by more than any max abs bound, so the export is judged by its cosine."""
+        return False
+
     # what the loaders and the export ask of any model, answered by the backbone
     @property
     def pos_grid(self) -> tuple[int, int]:
@@ -121,6 +127,10 @@ class EomtModel(DenseBase):
 
     def loaded(self) -> None:
         self.mask_plan = self.plan()
+
+    @property
+    def thresholded(self) -> bool:
+        return any(self.mask_plan if self.mask_plan is not None else self.plan())
 
     def prepare_export(self) -> None:
         super().prepare_export()

@@ -106,9 +106,10 @@ class Eva(TransformerBase):
             with torch.no_grad():
                 self.register_buffer("rope_table", self._table(self.patch_embed.grid_size), persistent=False)
 
-    def _table(self, grid: tuple) -> torch.Tensor:
-        """The RoPE table of the whole sequence: the patch grid's, after rows that leave the prefix as it is."""
-        return with_prefix(self.rope(grid), self.num_prefix_tokens)
+    def _table(self, grid: tuple, extra_prefix: int = 0) -> torch.Tensor:
+        """The RoPE table of the whole sequence: the patch grid's, after rows that leave the prefix (and
+        `extra_prefix` tokens joined before it) as it is."""
+        return with_prefix(self.rope(grid), self.num_prefix_tokens + extra_prefix)
 
     # -- forward ------------------------------------------------------------------------------------------
     def _pos_embed(self, x: torch.Tensor, grid: tuple | None) -> torch.Tensor:
@@ -121,29 +122,30 @@ class Eva(TransformerBase):
         prefix_tokens = [t for t in (self.cls_token, self.reg_token) if t is not None]
         return self.pos_drop(embed_tokens(x, prefix_tokens, pos_embed, self.no_embed_class))
 
+    def _grid(self, x: torch.Tensor) -> tuple:
+        """The patch grid of images x: symbolic in a dynamic-size export, Python ints (a constant table) otherwise."""
+        P = self.patch_embed.patch_size
+        return (x.shape[-2] // P[0], x.shape[-1] // P[1]) if self.dynamic_img_size else self.patch_embed.grid_size
+
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Image (B, C, H, W) -> the tokens the first block reads (B, prefix+N, D), at a fixed size (a dense
-        head's backbone: EoMT)."""
-        return self.norm_pre(self._pos_embed(self.patch_embed(x), None))
+        """Images (B, C, H, W) -> the tokens the first block reads (B, prefix+N, D)."""
+        grid = self._grid(x) if self.dynamic_img_size else None
+        return self.norm_pre(self._pos_embed(self.patch_embed(x), grid))
 
     def block_kwargs(self, grid: tuple, extra_prefix: int = 0) -> dict:
-        """What each block takes beside the tokens: the RoPE table of the grid, its rows of the prefix tokens (and
-        of `extra_prefix` tokens joined before them: EoMT's queries) unrotated."""
+        """What each block takes beside the tokens: the RoPE table of the grid (mixed RoPE's: one per block, indexed
+        by the caller), its rows of the prefix tokens (and of `extra_prefix` tokens joined before them: EoMT's
+        queries) unrotated."""
         if self.rope is None:
             return {}
         if not extra_prefix and self.rope_table is not None:
             return {"rope": self.rope_table}
-        return {"rope": with_prefix(self.rope(grid), self.num_prefix_tokens + extra_prefix)}
+        return {"rope": self._table(grid, extra_prefix)}
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        P = self.patch_embed.patch_size
-        # the input's patch grid: symbolic in a dynamic-size export, Python ints (a constant table) otherwise
-        grid = (x.shape[-2] // P[0], x.shape[-1] // P[1]) if self.dynamic_img_size else self.patch_embed.grid_size
-        x = self.patch_embed(x)  # (B, N, D)
-        x = self._pos_embed(x, grid if self.dynamic_img_size else None)  # (B, prefix+N, D)
-        rope = self.rope_table if self.rope_table is not None else self._table(grid) if self.rope is not None else None
         # rope: (prefix+N, 2*hd); mixed: (depth, heads, prefix+N, 2*hd)
-        x = self.norm_pre(x)
+        rope = self.block_kwargs(self._grid(x)).get("rope")
+        x = self._embed(x)  # (B, prefix+N, D)
         for i, blk in enumerate(self.blocks):
             x = blk(x, rope=rope[i] if rope is not None and rope.ndim == 4 else rope)
         return self.norm(x)  # (B, prefix+N, D)

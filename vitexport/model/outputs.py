@@ -8,8 +8,9 @@
 
 The prefix is [class, distillation, registers] in that order (VisionTransformer._pos_embed).
 
-A dense model (model.dense) has the one output its library names: `predicted_depth` (B, H', W') for depth,
-`logits` (B, labels, H', W') for DPT's segmentation.
+A dense model (model.dense) has the outputs its library names (heads.config.DenseConfig.outputs): `predicted_depth`
+(B, H', W') for depth, `logits` (B, labels, H', W') for DPT's segmentation, EoMT's `class_queries_logits` and
+`masks_queries_logits` beside the `semantic_probs` its checks judge.
 """
 
 from __future__ import annotations
