@@ -144,10 +144,8 @@ def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: 
     manifest = new_manifest(spec, built, onnx_path.name, opts.opset, rng, outputs)
     previous = _previous(folder, manifest, opts.force)
     thresholds = export_thresholds(opts.atol)
-    if opts.atol == EXPORT_THRESHOLDS.max_abs and any(getattr(built.model, "mask_plan", None) or ()):
-        # EoMT with masked attention: a mask logit within float rounding of 0 falls on either side in another
-        # runtime and moves that query's outputs by more than any max abs bound; the cosine bound judges
-        thresholds = replace(thresholds, max_abs=None)
+    if opts.atol == EXPORT_THRESHOLDS.max_abs and getattr(built.model, "thresholded", False):
+        thresholds = replace(thresholds, max_abs=None)  # a threshold in the graph: the cosine bound judges
         log.info("EoMT's attention masks threshold mask logits at 0, which float rounding may cross in another "
                  "runtime: the export is judged by its cosine to PyTorch (another --atol sets a max abs bound too).")
     meta = onnx_metadata(spec.variant, built.preprocess, built.model.cfg.num_classes, spec.pos_embed_interp, rng)
