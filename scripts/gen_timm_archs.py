@@ -1,5 +1,5 @@
 """Generate vitexport/resources/timm_archs.json: every architecture of timm's vision transformer modules
-(`vision_transformer.py`, `deit.py`, `eva.py`, `beit.py`, `naflexvit.py`) with its constructor arguments in
+(`vision_transformer.py`, `deit.py`, `eva.py`, `beit.py`, `naflexvit.py`, `vision_transformer_sam.py`) with its constructor arguments in
 ViTConfig's vocabulary, and every pretrained tag with its input size, preprocessing, class count and parameter
 count.
 
@@ -54,11 +54,12 @@ def _plain(obj):
 
 def _model_classes() -> dict:
     """timm's module name -> the model class its registered functions build."""
-    from timm.models import beit, eva, naflexvit
+    from timm.models import beit, eva, naflexvit, vision_transformer_sam
     from timm.models.vision_transformer import VisionTransformer
 
     return {"vision_transformer": VisionTransformer, "deit": VisionTransformer, "eva": eva.Eva,
-            "beit": beit.Beit, "naflexvit": naflexvit.NaFlexVit}
+            "beit": beit.Beit, "naflexvit": naflexvit.NaFlexVit,
+            "vision_transformer_sam": vision_transformer_sam.VisionTransformerSAM}
 
 
 def _record(tag: str, module: str) -> dict:

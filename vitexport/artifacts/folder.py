@@ -32,6 +32,7 @@ from .manifest import Manifest, PrecisionRecord, read_manifest, write_manifest
 
 MANIFEST_NAME = "manifest.json"
 DEFAULT_ONNX_NAME = "model.onnx"
+DECODER_NAME = "decoder.onnx"  # SAM's prompt encoder and mask decoder, written by the export beside the encoder
 CALIB_CACHE_DIR = "calib-cache"
 EXTERNAL_DATA_SUFFIX = ".data"  # model.onnx -> model.onnx.data
 SIDECAR_SUFFIX = ".json"  # model.fp16.plan -> model.fp16.plan.json
@@ -242,6 +243,10 @@ class ModelFolder:
                                  f"reads and writes only inside it (replace the link with the file).")
         return path
 
+    def decoder(self) -> Path:
+        """SAM's decoder graph."""
+        return self.inside(self.path / DECODER_NAME)
+
     def onnx(self, kind: str = "fp32") -> Path:
         """The ONNX file of an artifact kind ('fp32', 'fp16', 'int8', 'int8-trt')."""
         if kind == "fp32":
@@ -303,7 +308,7 @@ class ModelFolder:
     def own_names(self) -> set[str]:
         """Every file name this folder's steps write: a hidden '.<name>.*' beside them is one of their temporaries."""
         onnx_names = {self.onnx_name, DEFAULT_ONNX_NAME}
-        names = {MANIFEST_NAME, *onnx_names, *(n + EXTERNAL_DATA_SUFFIX for n in onnx_names)}
+        names = {MANIFEST_NAME, DECODER_NAME, *onnx_names, *(n + EXTERNAL_DATA_SUFFIX for n in onnx_names)}
         names |= {k.filename for k in ARTIFACTS.values()} | {self.rejected(k).name for k in ARTIFACTS if k != "fp32"}
         names |= {p.name for prec in PLAN_PRECISIONS for p in (self.plan(prec), self.sidecar(prec))}
         return names

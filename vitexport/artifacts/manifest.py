@@ -237,6 +237,15 @@ class PrecisionRecord:
 
 # -- the manifest -------------------------------------------------------------------------------------------
 
+def _decoder(f: _Fields, path: Path) -> dict[str, Any] | None:
+    """The decoder record, its file a plain name in the folder."""
+    d = f.opt("decoder", dict)
+    if d is None:
+        return None
+    plain_name(_Fields(d, "decoder", path).req("onnx", str), f"{path.name}'s field 'decoder.onnx'")
+    return d
+
+
 @dataclass
 class Manifest:
     """Everything about an exported model that a later step, or a person, needs to know."""
@@ -266,6 +275,9 @@ class Manifest:
     img_size_range: tuple[tuple[int, int], tuple[int, int]] | None = None  # a dynamic-size export's (min, max) H x W
     outputs: dict[str, list[Any]] | None = None  # every graph output (model.outputs), name -> shape, in graph order;
     # None: an export made before --outputs, whose one output is output_name
+    # SAM's prompt encoder and mask decoder graph beside the encoder's: {"onnx", "sha256", "bytes", "inputs",
+    # "outputs", "checks"} (exporter.decoder); None: a model without one
+    decoder: dict[str, Any] | None = None
     format: str = FORMAT  # the manifest format's name and version
     extra: dict[str, Any] = field(default_factory=dict)  # fields this version does not know, kept
 
@@ -284,6 +296,7 @@ class Manifest:
             **({} if self.labels is None else {"labels": self.labels.to_dict()}),
             **({} if self.img_size_range is None else {"img_size_range": [list(s) for s in self.img_size_range]}),
             **({} if self.outputs is None else {"outputs": {k: list(v) for k, v in self.outputs.items()}}),
+            **({} if self.decoder is None else {"decoder": self.decoder}),
             **self.extra,
         }
 
@@ -316,8 +329,14 @@ class Manifest:
             precisions={k: PrecisionRecord.from_fields(_Fields(v, f"precisions.{k}", path))
                         for k, v in precisions.items()},
             labels=LabelsRecord.from_fields(labels) if labels else None, format=fmt, extra=f.rest(known),
-            img_size_range=_size_range(f), outputs=_outputs(f),
+            img_size_range=_size_range(f), outputs=_outputs(f), decoder=_decoder(f, path),
         )
+
+    @property
+    def sam_decoder(self) -> dict[str, Any] | None:
+        """SAM's prompt decoder config (heads.config.PromptDecoderConfig's fields); None without a decoder graph."""
+        d = self.config.get("sam_decoder")
+        return d if isinstance(d, dict) and self.decoder is not None else None
 
     @property
     def dense(self) -> dict[str, Any] | None:

@@ -63,8 +63,10 @@ def resize_and_crop(img, pp: Preprocess):
     nw, nh = pp.resized_size(w, h)
     if (nw, nh) != (w, h):
         img = img.resize((nw, nh), resample=resample)
-    if pp.crop_mode == "pad":  # top left, black below and right (EoMT's processor pads raw pixels with 0)
-        canvas = Image.new("RGB", (tw, th), (0, 0, 0))
+    if pp.crop_mode in ("pad", "longest"):  # top left; below and right black (EoMT's processor pads raw pixels
+        # with 0) or the mean colour (SAM's pads with 0 after normalising)
+        fill = (0, 0, 0) if pp.crop_mode == "pad" else tuple(round(255 * v) for v in pp.mean)
+        canvas = Image.new("RGB", (tw, th), fill)
         canvas.paste(img, (0, 0))
         return canvas
     if pp.crop_mode == "border" and (nw < tw or nh < th):  # pad with the mean colour, centred (CenterCropOrPad)

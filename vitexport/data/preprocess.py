@@ -13,8 +13,11 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 # timm's eval crop modes (data/transforms_factory.py): 'center' keeps the aspect ratio and crops, 'squash' resizes each
 # side to size / crop_pct (aspect ratio lost, nothing cut at crop_pct 1), 'border' fits the longest side and pads;
 # and 'pad': the longest side fitted as transformers' get_size_with_aspect_ratio does (EoMT's processor), the image
-# at the top left and black pixels below and right of it (normalised to -mean / std)
-CROP_MODES = ("center", "squash", "border", "pad")
+# at the top left and black pixels below and right of it (normalised to -mean / std); 'longest': SAM's processor,
+# the longer side to the input size (int(side * size / longer + 0.5)), the image at the top left and the mean colour
+# below and right of it (SAM pads with 0 after normalising: the mean colour rounded to 8 bits is within 0.006 of it)
+CROP_MODES = ("center", "squash", "border", "pad", "longest")
+PADDED = ("pad", "longest")  # the image at the top left of the input, padding below and right
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class Preprocess:
             return sw, sh
         if self.crop_mode == "pad":
             return fit_longest(w, h, min(th, tw))
+        if self.crop_mode == "longest":  # SamImageProcessor's _get_preprocess_shape
+            scale = max(th, tw) / max(h, w)
+            return int(w * scale + 0.5), int(h * scale + 0.5)
         if self.crop_mode == "border":  # timm's ResizeKeepRatio(longest=1)
             ratio = max(h / sh, w / sw)
             return round(w / ratio), round(h / ratio)
@@ -57,8 +63,8 @@ class Preprocess:
 
     def image_part(self, maps, size: tuple[int, int]):
         """(..., h, w) maps over the model's input -> the part over the image of `size` (H, W): all of it, except
-        for 'pad', where the image fills the top left and the rest is padding."""
-        if self.crop_mode != "pad":
+        for 'pad' and 'longest', where the image fills the top left and the rest is padding."""
+        if self.crop_mode not in PADDED:
             return maps
         th, tw = self.input_size
         nw, nh = self.resized_size(size[1], size[0])

@@ -21,6 +21,7 @@ from ..paths import sha256_file
 from ..preflight import check_export, check_opset
 from ..progress import QUIET, Log
 from .check import check_onnx, check_onnx_against_torch, require_parity
+from .decoder import io_shapes, staged_decoder
 from ..model.outputs import default_outputs, parse_outputs, primary
 from ..model.outputs import shapes as output_shapes
 from .to_onnx import INPUT_NAME, OUTPUT_NAME, onnx_metadata, staged_onnx
@@ -171,6 +172,18 @@ def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: 
                                            [cfg.img_size], opts.check_batches, thresholds, log=log,
                                            against=opts.reference_name)
             require_parity(object_checks, thresholds, opts.reference_name)
+        decoder = getattr(built.model, "decoder", None)
+        if decoder is not None:  # SAM: the prompt encoder and mask decoder, moved into place with the encoder
+            with log.step("Exporting and checking the prompt decoder graph (1, 2 and 5 points, a box, a mask)"):
+                staged_dec, dec_checks = stack.enter_context(staged_decoder(decoder, folder.decoder(), opts.opset))
+            manifest.decoder = {"onnx": folder.decoder().name, "sha256": sha256_file(staged_dec),
+                                "bytes": staged_dec.stat().st_size, **io_shapes(decoder),
+                                "checks": [c.to_dict() for c in dec_checks]}
+            worst = max(c.max_abs for c in dec_checks)
+            log.info(f"decoder graph: relative max abs diff {worst:.2e} over {len(dec_checks)} prompt shapes -> ok")
+    if manifest.decoder is None and folder.decoder().exists():
+        folder.decoder().unlink()  # a previous export's decoder: not this model's
+        log.info(f"Removed {folder.decoder().name}: it was the previous model's.")
     manifest.parity = ExportParity(opts.atol, checks)
     manifest.onnx_sha256, manifest.onnx_bytes = sha256_file(onnx_path), onnx_path.stat().st_size
     _keep_or_remove_derived(folder, manifest, previous, log)

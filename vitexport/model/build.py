@@ -1,4 +1,4 @@
-"""The model a config describes: its family's class (`vit.VisionTransformer`, `eva.Eva`, `beit.Beit`), built with
+"""The model a config describes: its family's class (`vit.VisionTransformer`, `eva.Eva`, `beit.Beit`, `sam.SamViT`), built with
 deterministic weights."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from .beit import Beit
 from .config import ViTConfig
 from .dense import DenseBase, DenseModel, EomtModel
 from .eva import Eva
+from .sam import SamViT
 from .vit import VisionTransformer
 
-MODEL_CLASSES: dict[str, type[TransformerBase]] = {"vit": VisionTransformer, "eva": Eva, "beit": Beit}
+MODEL_CLASSES: dict[str, type[TransformerBase]] = {"vit": VisionTransformer, "eva": Eva, "beit": Beit, "sam": SamViT}
 
 
 def model_class(cfg: ViTConfig) -> type[TransformerBase]:

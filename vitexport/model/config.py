@@ -3,9 +3,10 @@ the forward pass), checked when made, so a config from a hub file or a manifest 
 is absurd, is one sentence before any tensor is allocated. No torch here.
 
 `family` says which model reads it: ``vit`` (`vit.VisionTransformer`: timm's VisionTransformer and DeiT, the
-NaFlexViT towers, transformers' ViTs), ``eva`` (`eva.Eva`: the RoPE ViTs of timm's eva.py, EVA to DINOv3) or
-``beit`` (`beit.Beit`: relative position bias). The fields past `pos_embed_interp` are what the last two add; their
-defaults are the classic ViT's.
+NaFlexViT towers, transformers' ViTs), ``eva`` (`eva.Eva`: the RoPE ViTs of timm's eva.py, EVA to DINOv3),
+``beit`` (`beit.Beit`: relative position bias) or ``sam`` (`sam.SamViT`: Segment Anything's image encoder, windowed
+attention with decomposed relative positions and a convolutional neck). The fields past `pos_embed_interp` are what
+the last three add; their defaults are the classic ViT's.
 
 The names of the parts (`NORM_LAYERS`, `ACT_LAYERS`, ...) are the keys of the tables in `layers/`.
 """
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..errors import VitexportError
-from .heads.config import DenseConfig, known_fields
+from .heads.config import DenseConfig, PromptDecoderConfig, known_fields
 
 DEFAULT_NORM_EPS = 1e-6  # timm's LayerNorm and RmsNorm
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "token_avg", "")
@@ -27,16 +28,18 @@ MLP_LAYERS = ("mlp", "swiglu", "glu", "swiglu_packed")
 BLOCK_FNS = ("block", "res_post", "parallel_scaling", "diff_parallel_scaling", "parallel_things")
 ATTN_LAYERS = ("attn", "diff")
 PRE_LOGITS_ACTS = ("tanh", "")  # the representation layer's activation ('' none: a plain projection)
-FAMILIES = ("vit", "eva", "beit")
+FAMILIES = ("vit", "eva", "beit", "sam")
 ROPE_KINDS = ("", "cat", "dinov3", "mixed")  # layers/rope.py ('' no RoPE)
 ROPE_INDEXING = ("ij", "xy")
-REL_POS_BIASES = ("", "block", "shared")  # BEiT's relative position bias: none, one table per block, one shared
+# BEiT's relative position bias: none, one table per block, one shared; SAM's decomposed tables (one per axis)
+REL_POS_BIASES = ("", "block", "shared", "decomposed")
 CHOICES = {"global_pool": GLOBAL_POOLS, "norm_layer": NORM_LAYERS, "act_layer": ACT_LAYERS, "mlp_layer": MLP_LAYERS,
            "block_fn": BLOCK_FNS, "attn_layer": ATTN_LAYERS, "pre_logits_act": PRE_LOGITS_ACTS, "family": FAMILIES,
            "rope": ROPE_KINDS, "rope_grid_indexing": ROPE_INDEXING, "rel_pos_bias": REL_POS_BIASES}
 # what each family's model builds, beyond the options every family shares
-FAMILY_BLOCKS = {"vit": BLOCK_FNS, "eva": ("block", "res_post"), "beit": ("block",)}
-FAMILY_MLPS = {"vit": MLP_LAYERS, "eva": ("mlp", "swiglu", "swiglu_packed"), "beit": ("mlp", "swiglu")}
+FAMILY_BLOCKS = {"vit": BLOCK_FNS, "eva": ("block", "res_post"), "beit": ("block",), "sam": ("block",)}
+FAMILY_MLPS = {"vit": MLP_LAYERS, "eva": ("mlp", "swiglu", "swiglu_packed"), "beit": ("mlp", "swiglu"),
+               "sam": ("mlp",)}
 # sanity bounds for numbers a config file may hold: far beyond any published ViT, far below what breaks arithmetic
 MAX_SIDE = 16384  # pixels of an input side
 MAX_WIDTH = 65536  # embed_dim
@@ -124,6 +127,15 @@ class ViTConfig:
     attn_only_layer_scale: bool = False  # LayerScale on the attention branch only (Sapiens2)
     pool_heads: int | None = None  # the attention pool's heads; None: num_heads
     pool_mlp_ratio: float | None = None  # the attention pool's MLP ratio; None: mlp_ratio; 0: no MLP, no norm
+    # SAM (family 'sam'): attention inside windows of this many tokens a side (0: global everywhere), except in the
+    # global blocks; the convolutional neck's width (0: a LayerNorm2d over the tokens instead, timm's classifier form)
+    window_size: int = 0
+    global_attn_indexes: tuple[int, ...] = ()
+    neck_chans: int = 0
+
+    # -- SAM's prompt encoder and mask decoder (heads.sam_decoder), a graph of their own beside the encoder's; None:
+    # the encoder alone (timm's SAM, transformers' SamVisionModel)
+    sam_decoder: PromptDecoderConfig | None = None
 
     # -- a dense predictor (model.dense): the head over this backbone's intermediate tokens; None: the ViT itself
     dense: DenseConfig | None = None
@@ -131,6 +143,8 @@ class ViTConfig:
     def __post_init__(self) -> None:
         if isinstance(self.dense, dict):  # from a manifest
             self.dense = DenseConfig.from_dict(self.dense)
+        if isinstance(self.sam_decoder, dict):
+            self.sam_decoder = PromptDecoderConfig.from_dict(self.sam_decoder)
         self._check_types()
         self.img_size = to_2tuple(self.img_size)
         self.patch_size = to_2tuple(self.patch_size)
@@ -139,6 +153,7 @@ class ViTConfig:
         if self.rope_ref_grid is not None:
             self.rope_ref_grid = to_2tuple(self.rope_ref_grid)
         self.num_kv_heads = self._kv_heads(self.num_kv_heads)
+        self.global_attn_indexes = self._indexes(self.global_attn_indexes)
         for name, table in CHOICES.items():
             if getattr(self, name) not in table:
                 raise VitexportError(f"{name}={getattr(self, name)!r} is not one vitexport builds; it builds "
@@ -183,6 +198,13 @@ class ViTConfig:
             raise VitexportError(f"DPT's own ViT lays its tokens out as a square grid, so it takes square inputs of "
                                  f"one size, not {size}: export it at a fixed square --img-size.")
 
+    def _indexes(self, v: Any) -> tuple[int, ...]:
+        """SAM's global blocks, sorted; an index past the last block names none (timm's tiny variants keep them)."""
+        if not isinstance(v, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and
+                                                       0 <= i < MAX_DEPTH for i in v):
+            raise VitexportError(f"The model config's global_attn_indexes {v!r} are not block indices.")
+        return tuple(sorted(set(v)))
+
     def _kv_heads(self, v: Any) -> tuple[int, ...] | None:
         """num_kv_heads as one entry per block: an int stands for every block; None entries mean num_heads."""
         if v is None:
@@ -223,10 +245,12 @@ class ViTConfig:
                 if getattr(self, name) != default:
                     raise VitexportError(f"{name}={getattr(self, name)!r} needs family='eva' or 'beit' (a "
                                          f"VisionTransformer has no such option).")
+        self._check_sam()
         if self.rope and fam != "eva":
             raise VitexportError(f"rope={self.rope!r} needs family='eva'.")
-        if self.rel_pos_bias and fam != "beit":
-            raise VitexportError(f"rel_pos_bias={self.rel_pos_bias!r} needs family='beit'.")
+        if self.rel_pos_bias and fam != ("sam" if self.rel_pos_bias == "decomposed" else "beit"):
+            raise VitexportError(f"rel_pos_bias={self.rel_pos_bias!r} needs family="
+                                 f"{'sam' if self.rel_pos_bias == 'decomposed' else 'beit'!r}.")
         if self.rope and (self.embed_dim // self.num_heads) % 4:
             raise VitexportError(f"RoPE needs a head size divisible by 4; {self.embed_dim} / {self.num_heads} heads "
                                  f"is {self.embed_dim // self.num_heads}.")
@@ -245,6 +269,34 @@ class ViTConfig:
             raise VitexportError(f"A BEiT model pools 'avg', 'token' or '' (not {self.global_pool!r}).")
         if self.mlp_align_to and self.mlp_layer != "swiglu":
             raise VitexportError("mlp_align_to rounds SwiGLU's hidden width: it needs mlp_layer='swiglu'.")
+
+    def _check_sam(self) -> None:
+        """SAM's encoder: a grid of patch tokens and nothing else, windows and a neck of sensible sizes."""
+        if self.family != "sam":
+            if self.window_size or self.global_attn_indexes or self.neck_chans or self.sam_decoder is not None:
+                raise VitexportError("window_size, global_attn_indexes, neck_chans and sam_decoder are SAM's options: "
+                                     "they need family='sam'.")
+            return
+        d = self.sam_decoder
+        if d is not None and (d.hidden_size != self.neck_chans or (d.embedding_size,) * 2 != self.grid_size or
+                              (d.image_size,) * 2 != self.img_size):
+            raise VitexportError(f"SAM's prompt decoder reads a {d.hidden_size} x {d.embedding_size} x "
+                                 f"{d.embedding_size} embedding of a {d.image_size}-pixel input; the encoder gives "
+                                 f"{self.neck_chans} x {self.grid_size[0]} x {self.grid_size[1]} at "
+                                 f"{self.img_size[0]}x{self.img_size[1]}.")
+        if self.class_token or self.reg_tokens or self.no_embed_class or self.distilled:
+            raise VitexportError("SAM's image encoder has no class or register tokens (class_token=False, "
+                                 "reg_tokens=0).")
+        if self.global_pool not in ("avg", ""):
+            raise VitexportError(f"SAM's image encoder pools 'avg' or '' (not {self.global_pool!r}).")
+        if self.dynamic_img_size:
+            raise VitexportError("SAM's image encoder runs at one size (its windows and relative position tables "
+                                 "are fixed by the grid): export it at a fixed --img-size.")
+        if self.attn_layer != "attn" or not self.qkv_fused or not self.k_bias or self.num_kv_heads is not None:
+            raise VitexportError("SAM's attention is one fused qkv projection with its biases.")
+        if not 0 <= self.window_size <= MAX_SIDE or not 0 <= self.neck_chans <= MAX_WIDTH:
+            raise VitexportError(f"SAM's window_size {self.window_size} or neck_chans {self.neck_chans} is out of "
+                                 f"range.")
 
     def _check_types(self) -> None:
         """Every field of the type it is declared with (a bool is not an int; an int may stand for a float)."""
@@ -327,6 +379,8 @@ class ViTConfig:
         """The width of what the head reads: the pooled vector, or the representation layer's output."""
         if self.pre_logits_size:
             return self.pre_logits_size
+        if self.family == "sam":
+            return self.neck_chans or self.embed_dim
         return 2 * self.embed_dim if self.global_pool == "token_avg" else self.embed_dim
 
     @property
@@ -339,6 +393,8 @@ class ViTConfig:
         d = asdict(self)
         if self.dense is not None:
             d["dense"] = self.dense.to_dict()
+        if self.sam_decoder is not None:
+            d["sam_decoder"] = self.sam_decoder.to_dict()
         return d
 
     @classmethod

@@ -8,6 +8,9 @@
 
 The prefix is [class, distillation, registers] in that order (VisionTransformer._pos_embed).
 
+SAM's image encoder (family 'sam') has `image_embeddings`, the neck's map (B, C, h, w) its prompt decoder reads
+(timm's forward_features, transformers' get_image_embeddings), and `pooled` / `logits` over its mean.
+
 A dense model (model.dense) has the outputs its library names (heads.config.DenseConfig.outputs): `predicted_depth`
 (B, H', W') for depth, `logits` (B, labels, H', W') for DPT's segmentation, EoMT's `class_queries_logits` and
 `masks_queries_logits` beside the `semantic_probs` its checks judge.
@@ -22,7 +25,8 @@ from ..errors import VitexportError
 from .config import ViTConfig
 from .heads.config import EOMT_OUTPUTS
 
-OUTPUTS = ("logits", "pooled", "tokens", "registers", "patch")
+OUTPUTS = ("logits", "pooled", "tokens", "registers", "patch", "image_embeddings")
+TOKEN_OUTPUTS = ("tokens", "registers", "patch")  # a token sequence: what SAM's grid and neck do not give
 DENSE_OUTPUTS = ("predicted_depth", *EOMT_OUTPUTS)  # a dense head's (heads.config.DenseConfig.outputs)
 EMBEDDINGS = ("pooled",)  # outputs judged as embeddings (parity.knn)
 
@@ -31,7 +35,9 @@ def available(cfg: ViTConfig) -> list[str]:
     """The outputs this model has."""
     if cfg.dense is not None:
         return list(cfg.dense.outputs)
-    return [o for o in OUTPUTS if (o != "logits" or cfg.num_classes > 0) and (o != "registers" or cfg.reg_tokens)
+    if cfg.family == "sam":
+        return [o for o in ("image_embeddings", "pooled", "logits") if o != "logits" or cfg.num_classes > 0]
+    return [o for o in OUTPUTS if o != "image_embeddings" and (o != "logits" or cfg.num_classes > 0) and (o != "registers" or cfg.reg_tokens)
             and (o != "pooled" or cfg.global_pool or cfg.distilled)]
 
 
@@ -41,6 +47,8 @@ def default_outputs(cfg: ViTConfig) -> tuple[str, ...]:
         return cfg.dense.outputs
     if cfg.num_classes > 0:
         return ("logits",)
+    if cfg.family == "sam":
+        return ("image_embeddings",)
     return ("pooled",) if "pooled" in available(cfg) else ("tokens",)
 
 
@@ -59,7 +67,8 @@ def parse_outputs(text: str | None, cfg: ViTConfig) -> tuple[str, ...]:
             raise VitexportError(f"--outputs {n}: this dense model gives {', '.join(has)} only.")
         if n not in has:
             why = {"logits": "it has no classification head (--num-classes 0)", "registers": "it has no register "
-                   "tokens", "pooled": "it does not pool its tokens (global_pool '')"}[n]
+                   "tokens", "pooled": "it does not pool its tokens (global_pool '')",
+                   "image_embeddings": "it is not SAM's image encoder"}.get(n, "SAM's encoder gives a map, not tokens")
             raise VitexportError(f"--outputs {n}: this model has no {n} output: {why}; it has {', '.join(has)}.")
     if len(set(names)) != len(names):
         raise VitexportError(f"--outputs {text}: an output is named twice.")
@@ -71,6 +80,10 @@ def shapes(cfg: ViTConfig, outputs: tuple[str, ...]) -> dict[str, list]:
     if cfg.dense is not None:
         return {o: ["batch", *cfg.dense.output_dims(cfg.grid_size, cfg.patch_size, cfg.dynamic_img_size, o)]
                 for o in outputs}
+    if cfg.family == "sam":
+        h, w = cfg.grid_size
+        return {o: {"image_embeddings": ["batch", cfg.num_features, h, w], "pooled": ["batch", cfg.num_features],
+                    "logits": ["batch", cfg.num_classes]}[o] for o in outputs}
     n = "patches" if cfg.dynamic_img_size else cfg.grid_size[0] * cfg.grid_size[1]
     total = "tokens" if cfg.dynamic_img_size else n + cfg.num_prefix_tokens
     d, c = cfg.num_features, cfg.num_classes or cfg.num_features
@@ -88,6 +101,8 @@ def primary(outputs: tuple[str, ...] | list[str]) -> str:
 def compute(model: nn.Module, features: torch.Tensor, name: str) -> torch.Tensor:
     """One output from the final-norm tokens (B, prefix + N, D) of `model` (a VisionTransformer)."""
     n_prefix, regs = model.num_prefix_tokens, model.cfg.reg_tokens
+    if name == "image_embeddings":  # SAM: forward_features is the neck's map
+        return features
     if name == "tokens":
         return features
     if name == "patch":

@@ -1,4 +1,5 @@
-"""What a dense head is, as data: `DenseConfig` holds the options of the heads in `heads/` (DPT's reassemble,
+"""What a dense head is, as data: `PromptDecoderConfig` holds SAM's prompt encoder and mask decoder (`sam_decoder`);
+`DenseConfig` holds the options of the heads in `heads/` (DPT's reassemble,
 fusion and depth head as Depth Anything and DPT configure them, DPT's segmentation head), checked when made. No
 torch here.
 
@@ -28,6 +29,7 @@ MAX_CHANNELS = 16384
 HEADS = ("dpt", "eomt")  # DPT's reassemble, fusion and head over taps; EoMT's queries in the last blocks
 # EoMT's outputs: the judged semantic map (vitexport's, folded into the graph) and transformers' two
 EOMT_OUTPUTS = ("semantic_probs", "class_queries_logits", "masks_queries_logits")
+ACTS = ("gelu", "relu")  # SAM's prompt encoder's and mask decoder's activations
 
 
 @dataclass
@@ -169,6 +171,83 @@ class DenseConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DenseConfig":
         return cls(**known_fields(cls, d, "The dense head's config"))
+
+
+@dataclass
+class PromptDecoderConfig:
+    """SAM's prompt encoder and mask decoder; the defaults are SAM ViT-B's (and ViT-L's and ViT-H's) transformers
+    config."""
+
+    hidden_size: int = 256  # prompt and decoder width: the image embedding's channels
+    image_size: int = 1024  # the image encoder's input side: the frame point coordinates are in
+    embedding_size: int = 64  # the image embedding's side (image_size / the encoder's patch size)
+    num_pos_feats: int = 128  # random Fourier features, (2, num_pos_feats): their sin and cos are hidden_size wide
+    mask_input_channels: int = 16  # the mask embedding's width before its 1x1 conv (a quarter of it after conv1)
+    num_point_embeddings: int = 4  # the labels 0..3: background, foreground, box top-left, box bottom-right
+    prompt_act: str = "gelu"  # ACTS: the mask embedding's activation
+    prompt_norm_eps: float = 1e-6  # the mask embedding's two channels-first LayerNorms
+    decoder_layers: int = 2  # two-way transformer layers
+    decoder_heads: int = 8  # attention heads (of every attention, the downsampled cross-attentions too)
+    decoder_mlp_dim: int = 2048  # the token MLP's hidden width
+    decoder_act: str = "relu"  # ACTS: the token MLP's activation (the upscaling's is GELU, the heads' ReLU)
+    attention_downsample_rate: int = 2  # the cross-attentions project to hidden_size / this
+    num_multimask_outputs: int = 3  # mask tokens besides the single-mask one
+    iou_head_depth: int = 3  # Linears of the iou head
+    iou_head_hidden_dim: int = 256  # the iou head's hidden width
+    decoder_norm_eps: float = 1e-6  # the two-way layers' LayerNorms (not the final one: 1e-5, transformers')
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "image_size", "embedding_size", "num_pos_feats", "mask_input_channels",
+                     "num_point_embeddings", "decoder_layers", "decoder_heads", "decoder_mlp_dim",
+                     "attention_downsample_rate", "num_multimask_outputs", "iou_head_depth", "iou_head_hidden_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise VitexportError(f"The prompt decoder's {name} {v!r} is not a positive whole number.")
+        for name in ("prompt_act", "decoder_act"):
+            if getattr(self, name) not in ACTS:
+                raise VitexportError(f"The prompt decoder's {name} {getattr(self, name)!r} is not one vitexport "
+                                     f"builds; it builds {', '.join(repr(a) for a in ACTS)}.")
+        for name in ("prompt_norm_eps", "decoder_norm_eps"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < 1:
+                raise VitexportError(f"The prompt decoder's {name} {v!r} is not a LayerNorm epsilon between 0 and 1.")
+        if 2 * self.num_pos_feats != self.hidden_size:
+            raise VitexportError(f"The prompt decoder's num_pos_feats {self.num_pos_feats} gives "
+                                 f"{2 * self.num_pos_feats} Fourier features (sin and cos), not its hidden_size "
+                                 f"{self.hidden_size}.")
+        if self.hidden_size % 8:
+            raise VitexportError(f"The prompt decoder's hidden_size {self.hidden_size} is not a multiple of 8 (the "
+                                 f"mask upscaling narrows it to a quarter, then an eighth).")
+        if self.hidden_size % self.attention_downsample_rate:
+            raise VitexportError(f"The prompt decoder's hidden_size {self.hidden_size} does not divide by its "
+                                 f"attention_downsample_rate {self.attention_downsample_rate}.")
+        inner = self.hidden_size // self.attention_downsample_rate
+        if self.hidden_size % self.decoder_heads or inner % self.decoder_heads:
+            raise VitexportError(f"The prompt decoder's decoder_heads {self.decoder_heads} do not divide its "
+                                 f"attention widths {self.hidden_size} and {inner}.")
+        if self.mask_input_channels % 4:
+            raise VitexportError(f"The prompt decoder's mask_input_channels {self.mask_input_channels} is not a "
+                                 f"multiple of 4 (the mask embedding's first conv gives a quarter of them).")
+        if self.num_point_embeddings != 4:
+            raise VitexportError(f"The prompt decoder's num_point_embeddings {self.num_point_embeddings} is not 4 "
+                                 f"(SAM embeds background, foreground and a box's two corners).")
+
+    @property
+    def mask_size(self) -> int:
+        """The low-resolution masks' side (and the mask input's): 4 x the embedding's, 256."""
+        return 4 * self.embedding_size
+
+    @property
+    def num_mask_tokens(self) -> int:
+        """The masks the graph returns: the single-mask output and the multimask ones."""
+        return self.num_multimask_outputs + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PromptDecoderConfig":
+        return cls(**known_fields(cls, d, "The prompt decoder's config"))
 
 
 def known_fields(cls: Any, d: dict[str, Any], what: str) -> dict[str, Any]:

@@ -18,20 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers.norm import act_factory
+from ..layers.norm import LayerNorm2d, act_factory
 from .config import DenseConfig
 
 # what a masked-out attention logit gets: FP16's lowest value, so an FP16 graph holds it (softmax gives those
 # entries 0 in FP32 as transformers' -1e9 does: exp underflows to 0 either way)
 MASKED = -65504.0
-
-
-class LayerNorm2d(nn.LayerNorm):
-    """LayerNorm over the channels of a (B, C, H, W) map."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.permute(0, 2, 3, 1)  # (B, H, W, C)
-        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps).permute(0, 3, 1, 2)
 
 
 class ScaleLayer(nn.Module):

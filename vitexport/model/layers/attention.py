@@ -7,7 +7,9 @@ query and the value only (`k_bias=False`: EVA and BEiT learn no key bias, timm's
 heads than query heads (grouped-query attention, `num_kv_heads`); a RoPE table of the whole sequence rotating q and
 k (`forward(x, rope=...)`; `rotate_half` gives the layout, its prefix rows leave the class and register tokens as
 they are); and an additive bias on the attention logits (BEiT's relative position bias, its
-own table `relative_position_bias_table` per block, or a shared one passed in as `attn_bias`).
+own table `relative_position_bias_table` per block, or a shared one passed in as `attn_bias`); and Segment Anything's
+decomposed relative position (`rel_pos_size`: one table per axis, `rel_pos_h` and `rel_pos_w`, read with each query;
+`layers/decomposed.py`), over the h x w grid of tokens it is given (`forward(x, grid=...)`: a window or the image).
 
 `fused_attn` picks PyTorch's fused kernel (eager) or the explicit MatMul -> Softmax -> MatMul form, which is what
 the export writes (`VisionTransformer.set_fused_attn(False)`): the form every runtime and quantizer understands.
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import VitexportError
+from .decomposed import decomposed_bias, rel_pos_rows
 from .norm import RmsNorm
 from .relpos import RelPosGrid, table_size
 from .rope import apply_rope, halves_order
@@ -56,7 +59,7 @@ class Attention(nn.Module):
                  scale_norm: bool = False, proj_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
                  norm_layer: NormFactory | None = None, depth: int = 0, qkv_fused: bool = True, k_bias: bool = True,
                  num_kv_heads: int | None = None, rotate_half: bool | None = None,
-                 rel_pos_window: tuple[int, int] | None = None):
+                 rel_pos_window: tuple[int, int] | None = None, rel_pos_size: tuple[int, int] | None = None):
         super().__init__()
         if dim % num_heads != 0:
             raise VitexportError(f"Embedding width {dim} is not divisible by {num_heads} heads.")
@@ -87,6 +90,10 @@ class Attention(nn.Module):
         self.rel_pos_window = rel_pos_window
         if rel_pos_window is not None:  # BEiT: a learned bias per relative offset and head, at the trained window
             self.relative_position_bias_table = nn.Parameter(torch.zeros(table_size(rel_pos_window), num_heads))
+        self.rel_pos_h = self.rel_pos_w = None
+        if rel_pos_size is not None:  # SAM: a table per axis of the grid this attention runs over, (2 side - 1, hd)
+            self.rel_pos_h = nn.Parameter(torch.zeros(2 * rel_pos_size[0] - 1, self.head_dim))
+            self.rel_pos_w = nn.Parameter(torch.zeros(2 * rel_pos_size[1] - 1, self.head_dim))
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = norm_layer(dim) if scale_norm and norm_layer else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
@@ -175,9 +182,10 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None,
-                rel_pos: RelPosGrid | None = None) -> torch.Tensor:
+                rel_pos: RelPosGrid | None = None, grid: tuple[int, int] | None = None) -> torch.Tensor:
         """x (B, N, D); rope: the RoPE table of the patch grid; attn_bias: added to the logits (B or 1, H, N, N);
-        rel_pos: the patch grid's relative positions, which this attention's own bias table is read at."""
+        rel_pos: the patch grid's relative positions, which this attention's own bias table is read at; grid: the
+        (h, w) layout of the N tokens, which the decomposed tables are read at."""
         B, N, C = x.shape
         q, k, v = self.project(x)  # (B, H, N, hd), (B, Hkv, N, hd) x 2
         q, k = self.q_norm(q), self.k_norm(k)
@@ -190,6 +198,13 @@ class Attention(nn.Module):
             if rel_pos is None:
                 raise ValueError("an attention with a relative position bias table needs the grid's rel_pos")
             own = rel_pos.bias(self.relative_position_bias_table)  # (1, H, N, N)
+            attn_bias = own if attn_bias is None else own + attn_bias
+        if self.rel_pos_h is not None:
+            if grid is None:
+                raise ValueError("an attention with decomposed relative positions needs its tokens' grid")
+            rows_h = rel_pos_rows(grid[0], grid[0], self.rel_pos_h)  # (h, h, hd)
+            rows_w = rel_pos_rows(grid[1], grid[1], self.rel_pos_w)  # (w, w, hd)
+            own = decomposed_bias(q, rows_h, rows_w, grid)  # (B, H, N, N), from the unscaled queries
             attn_bias = own if attn_bias is None else own + attn_bias
         x = attend(q, k, v, self.scale, self.fused_attn, attn_bias)  # (B, H, N, hd)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, N, D)

@@ -15,6 +15,10 @@ the relative positions on to their attention:
 - ``EvaBlock``: pre-norm as ``block`` (LayerScale on the attention branch only with `attn_only_layer_scale`:
   Sapiens2);
 - ``EvaPostNormBlock``: post-norm on the branch, as ``res_post`` (EVA02-enormous).
+
+Segment Anything's ViT (`model/sam.py`) runs ``block``'s parts over a (B, H, W, D) grid: ``WindowBlock``, whose
+attention sees the tokens of one window at a time (`layers/window.py`) or, in its global blocks, the whole grid, each
+with its decomposed relative position tables at that size.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from torch import nn
 from .attention import ATTN_LAYERS, add_diff_lambdas, attend, diff_attend, diff_lambda
 from .mlp import MLP_LAYERS
 from .norm import RmsNorm
+from .window import window_partition, window_unpartition
 
 
 class LayerScale(nn.Module):
@@ -84,6 +89,15 @@ class BlockArgs:
     rotate_half: bool | None = None  # the RoPE layout (halves or interleaved); None: no RoPE
     rel_pos_window: tuple[int, int] | None = None  # each block's own relative position bias table, at this window
     attn_only_layer_scale: bool = False
+    # SAM: attention inside windows of this many tokens a side (0: none) except in the global blocks, each attention
+    # with decomposed relative position tables at the grid it runs over (its window, or the image's `grid`)
+    window_size: int = 0
+    global_blocks: tuple[int, ...] = ()
+    decomposed_grid: tuple[int, int] | None = None
+
+    def window(self, depth: int) -> int:
+        """Block `depth`'s window side (0: it attends over the whole grid)."""
+        return 0 if depth in self.global_blocks else self.window_size
 
     @property
     def hidden(self) -> int:
@@ -93,7 +107,9 @@ class BlockArgs:
         extra = {} if self.attn_layer != "attn" else dict(
             qkv_fused=self.qkv_fused, k_bias=self.k_bias, rotate_half=self.rotate_half,
             num_kv_heads=self.num_kv_heads[depth] if self.num_kv_heads else None,
-            rel_pos_window=self.rel_pos_window)
+            rel_pos_window=self.rel_pos_window,
+            rel_pos_size=None if self.decomposed_grid is None else
+            (self.window(depth),) * 2 if self.window(depth) else self.decomposed_grid)
         return ATTN_LAYERS[self.attn_layer](
             self.dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
             scale_norm=self.scale_attn_norm, proj_bias=self.proj_bias, attn_drop=self.attn_drop,
@@ -132,6 +148,29 @@ class Block(nn.Module):
         h = self.attn(h) if attn_bias is None else self.attn(h, attn_bias=attn_bias)
         x = x + self.drop_path1(self.ls1(h))  # (B, N, D)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))  # (B, N, D)
+
+
+class WindowBlock(Block):
+    """``block`` over a (B, H, W, D) grid (timm's and transformers' SAM block): the attention inside each window of
+    `BlockArgs.window(depth)` tokens a side (the grid padded to a multiple, the padding cropped after), or over the
+    whole grid when that is 0; the MLP over every token."""
+
+    def __init__(self, a: BlockArgs, depth: int = 0, drop_path: float = 0.0):
+        super().__init__(a, depth, drop_path)
+        self.window_size = a.window(depth)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        B, H, W, D = x.shape
+        h = self.norm1(x)
+        padded = (H, W)
+        if self.window_size:
+            h, padded = window_partition(h, self.window_size)  # (B * windows, ws, ws, D)
+        grid = (h.shape[1], h.shape[2])
+        h = self.attn(h.reshape(-1, grid[0] * grid[1], D), grid=grid).reshape(-1, grid[0], grid[1], D)
+        if self.window_size:
+            h = window_unpartition(h, self.window_size, padded, (H, W))  # (B, H, W, D)
+        x = x + self.drop_path1(self.ls1(h))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))  # (B, H, W, D)
 
 
 class ResPostBlock(nn.Module):

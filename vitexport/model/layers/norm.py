@@ -3,6 +3,8 @@
 - ``layernorm``: LayerNorm over the last axis (timm's default eps is 1e-6; CLIP's and SigLIP's 1e-5);
 - ``rmsnorm``: x / sqrt(mean(x^2) + eps) * weight, no mean subtraction and no bias (timm's RmsNorm).
 
+`LayerNorm2d` normalises the channels of a (B, C, H, W) map (the convolutional necks and heads: SAM, EoMT).
+
 Activations: ``gelu`` (erf), ``gelu_tanh`` (the tanh approximation, SigLIP), ``quick_gelu`` (x * sigmoid(1.702 x),
 OpenAI CLIP), ``silu`` (SwiGLU MLPs).
 """
@@ -31,6 +33,14 @@ class RmsNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
         return x * rms * self.weight
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of a (B, C, H, W) map."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 2, 3, 1)  # (B, H, W, C)
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps).permute(0, 3, 1, 2)
 
 
 NORM_LAYERS: dict[str, type[nn.Module]] = {"layernorm": nn.LayerNorm, "rmsnorm": RmsNorm}

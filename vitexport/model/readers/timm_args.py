@@ -9,7 +9,9 @@ Each model class of timm names its options its own way, with its own defaults:
 - `beit` (`Beit`): family 'beit';
 - `naflexvit` (`NaFlexVit`, its `NaFlexVitCfg` fields): an image-tensor ViT whose patch embedding is a Linear over
   channels-last patches (`checkpoints.timm_naflex` turns it into the patch convolution) and whose position
-  embedding, at its own grid, is resampled to each input's grid: family 'vit'.
+  embedding, at its own grid, is resampled to each input's grid: family 'vit';
+- `vision_transformer_sam` (`VisionTransformerSAM`: Segment Anything's image encoder and its 224-px classifier
+  form): family 'sam'.
 
 A part (norm, activation, MLP, block, attention) is its class's or function's name, a string timm resolves itself,
 or `{"partial": NAME, **keywords}` for a functools.partial. What has no translation is kept under 'unsupported',
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-MODULES = ("vision_transformer", "deit", "eva", "beit", "naflexvit")
+MODULES = ("vision_transformer", "deit", "eva", "beit", "naflexvit", "vision_transformer_sam")
 
 ACTS = {"GELU": "gelu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "GELUTanh": "gelu_tanh", "quick_gelu": "quick_gelu",
         "QuickGELU": "quick_gelu", "SiLU": "silu", "silu": "silu", "swish": "silu"}
@@ -263,12 +265,52 @@ def translate_naflex(kwargs: dict) -> dict:
     return _finish(out, bad)
 
 
+# VisionTransformerSAM's defaults where they are not ViTConfig's; its blocks' LayerNorm is the class itself, so its
+# eps is PyTorch's 1e-5 (the 1e-6 fallback in its constructor applies only to norm_layer=None)
+SAM_DEFAULTS = {"img_size": 1024, "num_classes": 768, "global_pool": "avg", "use_abs_pos": True, "use_rel_pos": False,
+                "window_size": 14, "global_attn_indexes": (), "neck_chans": 256}
+_SAM_PLAIN = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads",
+              "mlp_ratio", "qkv_bias", "qk_norm", "init_values", "pre_norm", "window_size", "global_attn_indexes")
+_SAM_DEFAULT_PARTS = {"embed_layer": None, "block_fn": "Block", "mlp_layer": "Mlp", "use_rope": False,
+                      "head_hidden_size": None, "ref_feat_shape": None}
+
+
+def translate_sam(kwargs: dict) -> dict:
+    """VisionTransformerSAM's arguments (vision_transformer_sam.py) -> family 'sam'."""
+    a = {**SAM_DEFAULTS, **kwargs}
+    out: dict = {"family": "sam", "class_token": False, "norm_eps": 1e-5}
+    bad: dict = {}
+    for k, v in a.items():
+        if k in IGNORED or k in ("use_abs_pos", "use_rel_pos", "neck_chans"):
+            continue
+        if k in _SAM_PLAIN:
+            out[k] = v
+        elif k in ("norm_layer", "act_layer"):
+            if v is not None:
+                _vit_part(k, v, out, bad)
+        elif k in _SAM_DEFAULT_PARTS:
+            if v not in (_SAM_DEFAULT_PARTS[k], None) and not (k == "embed_layer" and "PatchEmbed" in str(v)):
+                bad[k] = v
+        else:
+            bad[k] = v
+    if out.get("init_values") in (0, 0.0):
+        out.pop("init_values")
+    out["abs_pos_embed"] = bool(a["use_abs_pos"])
+    out["rel_pos_bias"] = "decomposed" if a["use_rel_pos"] else ""
+    out["neck_chans"] = int(a["neck_chans"] or 0)
+    if not out.get("window_size"):
+        out["window_size"] = 0
+    return _finish(out, bad)
+
+
 # the arguments a hub repository's model_args may change, by their names in each module (create_model's keywords:
 # sizes, the head, pooling), and the ViTConfig field each is
 _OVERRIDES = {
     "eva": {**{k: k for k in _EVA_PLAIN}, **_EVA_RENAMES},
     "beit": {**{k: k for k in _BEIT_PLAIN}, "use_abs_pos_emb": "abs_pos_embed"},
     "naflexvit": {**{k: k for k in _NAFLEX_PLAIN}, **_NAFLEX_RENAMES},
+    "vision_transformer_sam": {**{k: k for k in _SAM_PLAIN}, "use_abs_pos": "abs_pos_embed",
+                               "neck_chans": "neck_chans"},
 }
 
 
@@ -294,7 +336,7 @@ def translate_overrides(module: str, kwargs: dict) -> dict:
 
 
 TRANSLATORS = {"vision_transformer": translate_vit, "deit": translate_vit, "eva": translate_eva,
-               "beit": translate_beit, "naflexvit": translate_naflex}
+               "beit": translate_beit, "naflexvit": translate_naflex, "vision_transformer_sam": translate_sam}
 
 
 def translate(module: str, kwargs: dict) -> dict:

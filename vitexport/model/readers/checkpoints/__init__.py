@@ -12,6 +12,8 @@ ViTConfig fields its tensors decide (`fields`: a pooler, a projection, registers
 - `hf_dense`: transformers' Depth Anything and DPT (depth over DPT's own ViT or DINOv2, segmentation over its ViT):
   the backbone through `hf_vit` or `hf_dinov2`, the neck and head as named;
 - `hf_eomt`: transformers' EoMT (the ViT in timm's names under `backbone.`, its queries and predictors under `head.`);
+- `hf_sam`: transformers' SAM (`SamModel`, `SamVisionModel`): the image encoder in timm's names, the prompt encoder
+  and mask decoder under `decoder.` in transformers' own;
 - `timm_naflex`: timm's NaFlexViT (its `embeds` module: a patch Linear, a position embedding at its own grid).
 
 `reading` finds and reads the raw tensors; `adapt` fits them to a model. The sizes and options of a transformers
@@ -27,14 +29,14 @@ from typing import Any
 
 from ....errors import VitexportError
 from ...labels import checkpoint_labels
-from . import hf_aimv2, hf_beit, hf_dense, hf_dinov2, hf_dinov3, hf_eomt, hf_vit, jax, timm, timm_naflex
+from . import hf_aimv2, hf_beit, hf_dense, hf_dinov2, hf_dinov3, hf_eomt, hf_sam, hf_vit, jax, timm, timm_naflex
 from .adapt import adapt_state_dict, describe_checkpoint, load_into
 from .common import Checkpoint, StateDict
 from .hf_clip import CLIP, SIGLIP
 from .reading import SHARD_INDEXES, WEIGHT_FILES, read_raw, resolve_weights, weights_digest
 
 # tried in this order: the first whose `matches` holds converts the file (timm last: the others' names are unlike it)
-FORMATS: tuple[Any, ...] = (*hf_dense.FORMATS, hf_eomt, jax, CLIP, SIGLIP, hf_aimv2, hf_dinov3, hf_beit, hf_dinov2, hf_vit,
+FORMATS: tuple[Any, ...] = (*hf_dense.FORMATS, hf_eomt, hf_sam, jax, CLIP, SIGLIP, hf_aimv2, hf_dinov3, hf_beit, hf_dinov2, hf_vit,
                             timm_naflex, timm)
 
 
@@ -46,7 +48,7 @@ def detect_format(raw: dict) -> ModuleType | Any:
             return fmt
     raise VitexportError("The checkpoint's tensor names match no known ViT format (timm, JAX .npz, or transformers' "
                          "ViT, DeiT, ViT-MSN, ViT-MAE, I-JEPA, DINOv2, DINOv3, BEiT, data2vec-vision, AIMv2, CLIP, "
-                         "MetaCLIP 2, SigLIP, Depth Anything, DPT or EoMT).")
+                         "MetaCLIP 2, SigLIP, Depth Anything, DPT, EoMT or SAM).")
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

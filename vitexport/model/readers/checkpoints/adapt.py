@@ -1,5 +1,5 @@
 """Putting a converted checkpoint into a model: resize the position embedding (and BEiT's relative position bias
-tables) to the model's grid, drop a head of another class count, and name every tensor that does not fit in one
+tables, SAM's decomposed tables) to the model's grid, drop a head of another class count, and name every tensor that does not fit in one
 error."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import warnings
 from ....errors import VitexportError
 from ...base import TransformerBase
 from ...dense import DenseBase
+from ...layers.decomposed import resize_rel_pos
 from ...layers.relpos import EXTRA_TOKENS, resize_table, resize_table_bilinear
 from ...posembed import resample_pos_embed
 from .common import Checkpoint, StateDict
@@ -50,11 +51,18 @@ def adapt_state_dict(
         pe = sd["pos_embed"]
         if pe.ndim == 2:
             pe = pe.unsqueeze(0)
-        if pe.shape[-1] == target["pos_embed"].shape[-1]:
+        if pe.ndim == 4 and target["pos_embed"].ndim == 4 and pe.shape[-1] == target["pos_embed"].shape[-1]:
+            # SAM's (1, h, w, D) grid, resampled as timm's resample_abs_pos_embed_nhwc does (bicubic, antialias)
+            old = (int(pe.shape[1]), int(pe.shape[2]))
+            flat = resample_pos_embed(pe.reshape(1, -1, pe.shape[-1]), grid, 0, old, pos_embed_interp)
+            sd["pos_embed"] = flat.reshape(1, grid[0], grid[1], -1)
+            notes.append(f"Resized the position embedding to a {grid[0]}x{grid[1]} grid ({pos_embed_interp}).")
+        elif pe.shape[-1] == target["pos_embed"].shape[-1] and pe.ndim == 3:
             sd["pos_embed"] = resample_pos_embed(pe, grid, prefix, old_grid, pos_embed_interp,
                                                  model.cfg.pos_embed_square)
             notes.append(f"Resized the position embedding to a {grid[0]}x{grid[1]} grid ({pos_embed_interp}).")
     _resize_rel_pos_tables(sd, target, grid, notes, rel_pos_resample)
+    _resize_decomposed_tables(sd, target, notes)
     head_w = sd.get("head.weight")
     if head_w is not None and "head.weight" not in target:
         notes.append("num_classes is 0: dropped the checkpoint's head; the model outputs features.")
@@ -110,6 +118,19 @@ def _resize_rel_pos_tables(sd: StateDict, target: StateDict, grid: tuple[int, in
     if resized:
         notes.append(f"Resized {resized} relative position bias table{'s' if resized > 1 else ''} to a "
                      f"{grid[0]}x{grid[1]} grid ({TABLE_RESAMPLING[method][1]}).")
+
+
+def _resize_decomposed_tables(sd: StateDict, target: StateDict, notes: list[str]) -> None:
+    """SAM's per-axis tables of a global block trained at another grid -> the model's, resampled linearly as timm
+    and transformers resample them in each forward pass (the windowed blocks' tables keep the window's size)."""
+    resized = 0
+    for k, v in list(sd.items()):
+        if k.endswith(("attn.rel_pos_h", "attn.rel_pos_w")) and k in target and v.ndim == 2 and \
+                v.shape != target[k].shape and v.shape[1] == target[k].shape[1]:
+            sd[k] = resize_rel_pos(v, int(target[k].shape[0]))
+            resized += 1
+    if resized:
+        notes.append(f"Resized {resized} decomposed relative position tables to the model's grid (linear).")
 
 
 def _drop_heads(sd: StateDict) -> None:
