@@ -280,6 +280,7 @@ class Manifest:
     decoder: dict[str, Any] | None = None
     format: str = FORMAT  # the manifest format's name and version
     extra: dict[str, Any] = field(default_factory=dict)  # fields this version does not know, kept
+    path: Path | None = field(default=None, compare=False, repr=False)  # the file it was read from (not written)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -315,7 +316,7 @@ class Manifest:
         except (KeyError, TypeError, ValueError) as e:
             raise VitexportError(f"{path} has an unreadable 'preprocess' field ({e.__class__.__name__}: {e}); "
                                  f"re-export the model.") from None
-        known = {x.name for x in fields(cls)} - {"extra"}
+        known = {x.name for x in fields(cls)} - {"extra", "path"}
         return cls(
             variant=f.req("variant", str), img_size=_pair(f, "img_size"), patch_size=_pair(f, "patch_size"),
             grid=_pair(f, "grid"), num_classes=f.req("num_classes", int), config=_config(f),
@@ -329,7 +330,7 @@ class Manifest:
             precisions={k: PrecisionRecord.from_fields(_Fields(v, f"precisions.{k}", path))
                         for k, v in precisions.items()},
             labels=LabelsRecord.from_fields(labels) if labels else None, format=fmt, extra=f.rest(known),
-            img_size_range=_size_range(f), outputs=_outputs(f), decoder=_decoder(f, path),
+            img_size_range=_size_range(f), outputs=_outputs(f), decoder=_decoder(f, path), path=path,
         )
 
     @property
@@ -340,9 +341,12 @@ class Manifest:
 
     @property
     def dense(self) -> dict[str, Any] | None:
-        """A dense model's head (model.heads.config.DenseConfig's fields, as config.dense records them); None for a
-        ViT."""
+        """A dense model's head (model.heads.config.DenseConfig's fields, as config.dense records them); SAM with its
+        decoder graph: task 'masks', the decoder's config and its file (judged by its masks, parity.masks); None for
+        a ViT."""
         dense = self.config.get("dense")
+        if self.sam_decoder is not None and self.decoder is not None and self.path is not None:
+            return {"task": "masks", **self.sam_decoder, "decoder_onnx": str(self.path.parent / self.decoder["onnx"])}
         return dense if isinstance(dense, dict) else None
 
     @property

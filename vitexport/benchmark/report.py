@@ -69,6 +69,10 @@ class BenchRow:
     miou: float | None = None
     miou_low: float | None = None
     miou_high: float | None = None
+    mask_iou: float | None = None  # SAM: its masks against the reference's (parity.masks)
+    mask_iou_low: float | None = None
+    mask_iou_high: float | None = None
+    mask_iou_min: float | None = None
     concurrency: int | None = None  # a served model: requests in flight while timed
     stable: bool | None = None  # its measurement windows agreed within 10 %
     server_queue_ms: float | None = None  # per request, from the server's statistics
@@ -94,7 +98,7 @@ def rows(report: BenchReport) -> list[BenchRow]:
                 h2d_ms=lat.h2d_ms if lat else None,
                 max_abs=st.max_abs if st else None, mean_abs=st.mean_abs if st else None,
                 cos_min=st.cos_min if st else None, cos_mean=st.cos_mean if st else None,
-                top1_agree=st.top1_agree if st and not st.embedding else None,
+                top1_agree=st.top1_agree if st and not st.argmax_meaningless else None,
                 top5_agree=st.top5_agree if st and not st.embedding else None,
                 acc=(st.knn_acc if st.embedding else st.acc) if st else None, parity=status, **ci,
                 **({} if lat is None or lat.concurrency is None else dict(
@@ -144,9 +148,11 @@ def _intervals(st) -> dict:
         return (v[0], v[1]) if v else (None, None)
 
     if st.dense is not None:  # a dense map: its task figures against the reference
-        return {k: v for name in ("absrel", "delta1", "pixel_agree", "miou") if getattr(st, name) is not None
-                for k, v in ((name, getattr(st, name)), (f"{name}_low", pair(getattr(st, f"{name}_ci"))[0]),
-                             (f"{name}_high", pair(getattr(st, f"{name}_ci"))[1]))}
+        return {**{k: v for name in ("absrel", "delta1", "pixel_agree", "miou", "mask_iou")
+                   if getattr(st, name) is not None
+                   for k, v in ((name, getattr(st, name)), (f"{name}_low", pair(getattr(st, f"{name}_ci"))[0]),
+                                (f"{name}_high", pair(getattr(st, f"{name}_ci"))[1]))},
+                **({} if st.mask_iou_min is None else {"mask_iou_min": st.mask_iou_min})}
     if st.embedding:  # an embedding model: its k-NN figures stand in the accuracy columns
         (al, ah), (dl, dh) = pair(st.knn_acc_ci), pair(st.knn_drop_ci)
         return dict(acc_low=al, acc_high=ah, acc_drop=st.knn_drop, acc_drop_low=dl, acc_drop_high=dh,

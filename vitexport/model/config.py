@@ -127,7 +127,7 @@ class ViTConfig:
     attn_only_layer_scale: bool = False  # LayerScale on the attention branch only (Sapiens2)
     pool_heads: int | None = None  # the attention pool's heads; None: num_heads
     pool_mlp_ratio: float | None = None  # the attention pool's MLP ratio; None: mlp_ratio; 0: no MLP, no norm
-    # SAM (family 'sam'): attention inside windows of this many tokens a side (0: global everywhere), except in the
+    # SAM (family 'sam'; pos_embed_grid set: transformers', which takes that grid alone): attention inside windows of this many tokens a side (0: global everywhere), except in the
     # global blocks; the convolutional neck's width (0: a LayerNorm2d over the tokens instead, timm's classifier form)
     window_size: int = 0
     global_attn_indexes: tuple[int, ...] = ()
@@ -277,6 +277,10 @@ class ViTConfig:
                 raise VitexportError("window_size, global_attn_indexes, neck_chans and sam_decoder are SAM's options: "
                                      "they need family='sam'.")
             return
+        if self.pos_embed_grid is not None and self.pos_embed_grid != self.grid_size:  # transformers' SAM
+            g, p = self.pos_embed_grid, self.patch_size
+            raise VitexportError(f"transformers' SAM runs at its image_size alone ({g[0] * p[0]}x{g[1] * p[1]}), not "
+                                 f"at {self.img_size[0]}x{self.img_size[1]}; export it at that size.")
         d = self.sam_decoder
         if d is not None and (d.hidden_size != self.neck_chans or (d.embedding_size,) * 2 != self.grid_size or
                               (d.image_size,) * 2 != self.img_size):

@@ -35,13 +35,17 @@ class Truth:
     labels: np.ndarray | None = None
     subset: np.ndarray | None = None
     real: np.ndarray | None = None
-    dense: str | None = None  # the output is a dense map judged by its task (parity.dense: 'depth' | 'segmentation')
+    # the output is a dense map judged by its task (parity.dense: 'depth' | 'segmentation'), or SAM's embedding
+    # judged by its masks ('masks': parity.masks)
+    dense: str | None = None
     # per image index: its ground-truth map (depth (H, W) float, 0 no value; or class indices) or None; None: no
     # image has one (validate.evaluate reads them, data.dense_truth)
     read_truth: "Callable[[int], np.ndarray | None] | None" = None
     relative_depth: bool = True  # a relative depth model: aligned to the truth by scale and shift first
     # (maps, image size) -> the part of the maps over the image (an input padded around it: data.Preprocess)
     image_part: "Callable[[np.ndarray, tuple[int, int]], np.ndarray] | None" = None
+    # SAM ('masks'): the decoder graph run with the fixed prompts on an image embedding (parity.masks.PromptedMasks)
+    masks: "Callable | None" = None
 
 
 def _restricted_top1(logits: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -71,7 +75,8 @@ class ParityAccumulator:
         self.right = {k: np.zeros(self.n, bool) for k in ("ref1", "out1", "ref5", "out5")}
         self.dense = truth.dense
         self.dense_figures = None if truth.dense is None else \
-            DenseAccumulator(truth.dense, self.n, truth.read_truth, truth.relative_depth, truth.image_part)
+            DenseAccumulator(truth.dense, self.n, truth.read_truth, truth.relative_depth, truth.image_part,
+                             truth.masks)
 
     def update(self, start: int, ref: np.ndarray, out: np.ndarray) -> None:
         if self.dense is not None:

@@ -73,6 +73,11 @@ class ParityStats:
     pixel_agree_ci: list[float] | None = None
     miou: float | None = None  # segmentation: mIoU against the reference's map
     miou_ci: list[float] | None = None
+    # SAM (parity.masks): the IoU of the masks the candidate's embeddings give through the FP32 decoder with the
+    # reference's, for fixed prompts: the mean over images of each image's mean, its 95 % interval, the worst prompt
+    mask_iou: float | None = None
+    mask_iou_ci: list[float] | None = None
+    mask_iou_min: float | None = None
     # against the data set's ground truth (data.dense_truth), over the images that have it: {"n": images, figure:
     # {"reference", "value", "ci", "diff", "diff_ci"}} (depth: absrel, delta1; segmentation: miou, pixel_acc)
     truth: dict | None = None
@@ -107,6 +112,8 @@ class Thresholds:
     delta1: float | None = None  # depth: min mean delta1
     pixel_agree: float | None = None  # segmentation: min mean pixel agreement
     miou: float | None = None  # segmentation: min mean mIoU
+    mask_iou: float | None = None  # SAM: min mean mask IoU against the reference's masks
+    mask_iou_min: float | None = None  # SAM: min IoU of the worst prompt of any image
 
     def check(self, s: ParityStats) -> list[str]:
         """The failed bounds, as readable phrases (empty: none failed)."""
@@ -156,7 +163,8 @@ class Thresholds:
         """A dense output's task bounds: passed when the whole 95 % interval of the mean is within the bound,
         failed when the whole of it is beyond, else undecided on this many images."""
         for name, upper, what in (("absrel", True, "AbsRel"), ("delta1", False, "delta1"),
-                                  ("pixel_agree", False, "pixel agreement"), ("miou", False, "mIoU")):
+                                  ("pixel_agree", False, "pixel agreement"), ("miou", False, "mIoU"),
+                                  ("mask_iou", False, "mask IoU")):
             bound, value = getattr(self, name), getattr(s, name)
             if bound is None or value is None:
                 continue
@@ -169,6 +177,8 @@ class Thresholds:
             elif (hi > bound) if upper else (lo < bound):
                 undecided.append(f"inconclusive: {what} {value:.4g}, 95% interval {lo:.4g} to {hi:.4g}, is not "
                                  f"{'below' if upper else 'above'} {bound:g} on {s.n:,} images")
+        if self.mask_iou_min is not None and s.mask_iou_min is not None and not s.mask_iou_min >= self.mask_iou_min:
+            fails.append(f"worst mask IoU {s.mask_iou_min:.4g} < {self.mask_iou_min:g}")
 
     def judge(self, s: ParityStats) -> "ParityVerdict":
         fails, undecided = self.assess(s)
@@ -180,15 +190,16 @@ class Thresholds:
 
 # Defaults per precision. Why these numbers: docs/PARITY.md.
 DEFAULT_THRESHOLDS: dict[str, Thresholds] = {
-    "fp32": Thresholds(max_abs=1e-3, cos_min=0.99999, absrel=1e-4, delta1=0.9999, pixel_agree=0.9995, miou=0.995),
+    "fp32": Thresholds(max_abs=1e-3, cos_min=0.99999, absrel=1e-4, delta1=0.9999, pixel_agree=0.9995, miou=0.995,
+                       mask_iou=0.995, mask_iou_min=0.9),
     "bf16": Thresholds(cos_min=0.99, cos_mean=0.995, acc_drop=1.0, absrel=0.02, delta1=0.99, pixel_agree=0.98,
-                       miou=0.9),
+                       miou=0.9, mask_iou=0.95, mask_iou_min=0.6),
     "fp16": Thresholds(cos_min=0.999, cos_mean=0.9995, acc_drop=0.5, absrel=0.005, delta1=0.999, pixel_agree=0.995,
-                       miou=0.97),
+                       miou=0.97, mask_iou=0.98, mask_iou_min=0.7),
     "int8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5, absrel=0.05, delta1=0.95, pixel_agree=0.95,
-                       miou=0.85),
+                       miou=0.85, mask_iou=0.93, mask_iou_min=0.5),
     "fp8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5, absrel=0.05, delta1=0.95, pixel_agree=0.95,
-                      miou=0.85),  # 8 bits too: INT8's bounds
+                      miou=0.85, mask_iou=0.93, mask_iou_min=0.5),  # 8 bits too: INT8's bounds
 }
 
 
@@ -266,7 +277,8 @@ def describe(s: ParityStats) -> str:
         return text.split(", top-1 agree")[0] + "".join(
             f", {what} {getattr(s, k):.4g} (95% {getattr(s, k + '_ci')[0]:.4g} to {getattr(s, k + '_ci')[1]:.4g})"
             for k, what in (("absrel", "AbsRel"), ("delta1", "delta1"), ("pixel_agree", "pixel agreement"),
-                            ("miou", "mIoU")) if getattr(s, k) is not None and getattr(s, k + "_ci"))
+                            ("miou", "mIoU"), ("mask_iou", "mask IoU")) if getattr(s, k) is not None and
+            getattr(s, k + "_ci")) + (f", worst mask IoU {s.mask_iou_min:.4g}" if s.mask_iou_min is not None else "")
     if s.embedding:
         text = text.split(", top-1 agree")[0] + f", nearest neighbour the same for {s.neighbour_agree:.1%}"
         if s.knn_acc is not None and s.knn_acc_ref is not None and s.knn_drop_ci is not None:

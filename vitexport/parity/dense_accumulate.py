@@ -4,7 +4,9 @@ the task's statistics need, against the reference and, where the data set has it
 - depth: AbsRel and delta1 per image; their means with 95 % t-intervals, against the truth the paired
   difference's too;
 - segmentation: the pixel agreement per image (a t-interval) and each image's per-class intersections and unions,
-  pooled into the set's mIoU (bootstrap interval over the images; against the truth, paired).
+  pooled into the set's mIoU (bootstrap interval over the images; against the truth, paired);
+- masks (SAM: the output is the image embedding): each image's mean and worst IoU over the fixed prompts of the
+  masks both embeddings give through the decoder graph (parity.masks).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from .stats import mean_interval
 
 class DenseAccumulator:
     def __init__(self, kind: str, n: int, read_truth: Callable[[int], np.ndarray | None] | None = None,
-                 relative_depth: bool = True, image_part: Callable | None = None) -> None:
+                 relative_depth: bool = True, image_part: Callable | None = None,
+                 masks: Callable | None = None) -> None:
         self.kind, self.n, self.read_truth, self.relative_depth = kind, n, read_truth, relative_depth
+        self.masks = masks  # SAM: the prompted decoder (parity.masks.PromptedMasks)
         self.image_part = image_part or (lambda maps, size: maps)  # the maps over the image, before resizing
         self.first = np.zeros(n)  # AbsRel, or pixel agreement
         self.second = np.zeros(n)  # delta1 (depth)
@@ -29,6 +33,14 @@ class DenseAccumulator:
 
     def update(self, start: int, ref: np.ndarray, out: np.ndarray) -> None:
         s = slice(start, start + len(ref))
+        if self.kind == "masks":
+            from .masks import compare_masks
+
+            if self.masks is None:
+                raise ValueError("SAM's mask figures need the decoder graph")
+            iou = compare_masks(self.masks, ref, out.astype(np.float32))  # (B, prompts)
+            self.first[s], self.second[s] = iou.mean(axis=1), iou.min(axis=1)
+            return
         got = figures(self.kind, ref, out)
         self.first[s] = got[0]
         if self.kind == "depth":
@@ -64,6 +76,11 @@ class DenseAccumulator:
     def fill(self, st, finite: bool) -> None:
         """The figures into a ParityStats `st` (NaN where the candidate gave non-finite values)."""
         st.dense = self.kind
+        if self.kind == "masks":
+            m, lo, hi = mean_interval(self.first) if finite else (float("nan"),) * 3
+            st.mask_iou, st.mask_iou_ci = m, [max(lo, 0.0), min(hi, 1.0)]
+            st.mask_iou_min = float(self.second.min()) if finite else float("nan")
+            return
         if self.kind == "depth":
             for name, v in (("absrel", self.first), ("delta1", self.second)):
                 m, lo, hi = mean_interval(v) if finite else (float("nan"),) * 3

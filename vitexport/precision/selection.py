@@ -68,16 +68,28 @@ def signed_permutations(graph) -> set[str]:
     return found
 
 
+def batched_constants(graph) -> set[str]:
+    """Constants of rank 3 or more: not a layer's weight but a table a batched MatMul reads (SAM's decomposed
+    relative position rows, (side, head_dim, side)), left in float like the rest of the attention's bias."""
+    found = {t.name for t in graph.initializer if len(t.dims) > 2}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and len(a.t.dims) > 2:
+                    found.add(node.output[0])
+    return found
+
+
 def select_gemms(graph, excluded: set[str], quantize_attention: bool = False,
                  skip_matrix_vector: bool = False) -> GemmSelection:
-    """The GEMMs to quantize: MatMul/Gemm/Conv with a constant weight, minus `excluded` and the products by a
-    signed permutation (RoPE's rotation).
+    """The GEMMs to quantize: MatMul/Gemm/Conv with a constant weight, minus `excluded`, the products by a signed
+    permutation (RoPE's rotation) and those by a batched table (`batched_constants`).
 
     quantize_attention adds the MatMuls of two activations (Q.K^T, A.V); skip_matrix_vector leaves (batch, K)
     products (the head) in float.
     """
     consts = constant_names(graph)
-    rotations = signed_permutations(graph)
+    rotations = signed_permutations(graph) | batched_constants(graph)
     nodes, acts = [], []
     for node in graph.node:
         if node.op_type not in LINEAR_OPS or node.name in excluded:

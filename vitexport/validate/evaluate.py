@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -101,6 +102,7 @@ class ValidationSet:
     dense_truth: list | None = None  # per image, its ground-truth map (data.dense_truth) or None; None: none has one
     relative_depth: bool = True  # a relative depth model (aligned to the truth by scale and shift)
     depth_scale: float = 1000.0  # a 16-bit depth PNG's value per unit
+    masks: object = None  # SAM ('masks'): the prompted decoder its embeddings are judged through (parity.masks)
 
     @property
     def source(self) -> str:
@@ -114,7 +116,7 @@ class ValidationSet:
 
             reader = truth_reader(self.dense_truth, self.dense, self.depth_scale)
         return Truth(self.labels, self.subset, self.real, self.dense, reader, self.relative_depth,
-                     self.inputs.pp.image_part if reader is not None else None)
+                     self.inputs.pp.image_part if reader is not None else None, self.masks)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return self.inputs.n
@@ -162,6 +164,14 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
     inputs.batch = batch or EVAL_BATCH  # images a call when the set is evaluated (eval_batch: fewer at long sequences)
     task = None if dense is None else dense.get("task")
     vset = ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how, task)
+    if task == "masks":  # SAM: the embedding judged by the masks the decoder graph gives with fixed prompts
+        from ..parity.masks import PROMPTS, PromptedMasks
+
+        assert dense is not None
+        vset.masks = PromptedMasks(dense["decoder_onnx"], dense["image_size"], 4 * dense["embedding_size"])
+        log.info(f"SAM's embeddings are judged by their masks: {len(PROMPTS)} fixed prompts an image through "
+                 f"{Path(dense['decoder_onnx']).name}, IoU against the reference's.")
+        return vset
     if task is not None and not images.npy:
         from ..data.dense_truth import truth_for
 

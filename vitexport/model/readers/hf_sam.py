@@ -72,7 +72,8 @@ def describe_sam(cfg: dict[str, Any], processor: dict[str, Any] | None, where: s
             "global_pool": "avg", "num_classes": 0, "abs_pos_embed": bool(get("use_abs_pos")),
             "rel_pos_bias": "decomposed" if get("use_rel_pos") else "",
             "window_size": int(get("window_size")), "global_attn_indexes": [int(i) for i in get("global_attn_indexes")],
-            "neck_chans": int(get("output_channels"))}
+            "neck_chans": int(get("output_channels")),
+            "pos_embed_grid": (size // patch, size // patch)}  # transformers' SAM takes its image_size alone
         if get("num_channels") != 3:
             raise ValueError(f"{get('num_channels')} input channels")
         if model_type == "sam":
