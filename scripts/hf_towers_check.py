@@ -148,6 +148,17 @@ MODELS = {
         dict(size={"shortest_edge": 640, "longest_edge": 640}, do_split_image=False, do_pad=True, resample=2,
              **IMAGENET)),
 }
+# Segment Anything ViT-B/L/H (sam/convert_sam_to_hf.py: SamVisionConfig's defaults are ViT-B; L and H set the width,
+# depth, heads and global blocks), judged on the image embedding (get_image_embeddings); SamImageProcessor: the
+# longer side to 1024, bilinear, ImageNet mean/std, padded to 1024 x 1024
+SAM_PP = dict(size={"longest_edge": 1024}, pad_size={"height": 1024, "width": 1024}, resample=2, **IMAGENET)
+for _name, _vision in (("sam-vit-base", {}),
+                       ("sam-vit-large", dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                              global_attn_indexes=[5, 11, 17, 23])),
+                       ("sam-vit-huge", dict(hidden_size=1280, num_hidden_layers=32, num_attention_heads=16,
+                                             global_attn_indexes=[7, 15, 23, 31]))):
+    MODELS[f"facebook/{_name}"] = ("SamConfig", dict(vision_config=_vision), "SamModel", "image_embeddings",
+                                   "SamImageProcessorPil", SAM_PP)
 # outputs judged beside a row's own (the worse error counts): EoMT's class logits beside its mask logits
 ALSO = {"masks_queries_logits": ("class_queries_logits",)}
 
@@ -184,6 +195,8 @@ def output_of(model, outputs: tuple[str, ...], x: torch.Tensor) -> list[np.ndarr
     with torch.no_grad():
         if outputs == ("image_features",):  # a whole two-tower model: its image features
             return [model.get_image_features(pixel_values=x).pooler_output.numpy()]
+        if outputs == ("image_embeddings",):  # SAM: the vision encoder's embedding
+            return [model.get_image_embeddings(x).numpy()]
         if model.config.model_type == "siglip2_vision_model":
             out = model(**patches_of(x, model.config.patch_size))
         else:

@@ -299,3 +299,56 @@ def test_the_docs_state_the_mask_bounds():
             assert [float(c) for c in cells[:2]] == [th.mask_iou, th.mask_iou_min], precision
             seen.add(precision)
     assert seen == set(DEFAULT_THRESHOLDS)
+
+
+# -- predict ----------------------------------------------------------------------------------------------------------
+
+def test_predict_writes_the_masks_transformers_post_processes(exported, tmp_path):
+    """Points and a box on a photo: the chosen mask and the three alternatives at the image's size are
+    transformers' (SamProcessor's prompts and post_process_masks over SamModel) given the same pixels (the tiny
+    random encoder turns the 8-bit preprocessing's 0.002 into another embedding; the pixels are held to the
+    processor's above), up to the pixels a float's rounding moves at a mask's edge."""
+    saved = exported.parent / "saved"
+    hf = transformers.SamModel.from_pretrained(saved).eval()
+    proc = transformers.SamProcessor(transformers.SamImageProcessor.from_pretrained(saved))
+    for points, box in (([(300.0, 150.0, 1)], None), ([(300.0, 150.0, 1), (60.0, 40.0, 0)], None),
+                        ([], (80.0, 60.0, 380.0, 260.0))):
+        out = tmp_path / f"out{len(points)}{box is not None}"
+        args = ["predict", str(exported), str(PHOTO), "--out-dir", str(out), "--jsonl", "-q"]
+        args += [a for x, y, label in points for a in ("--point", f"{x},{y},{label}")]
+        args += ["--box", ",".join(map(str, box))] if box else []
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 0, r.output
+        line = json.loads(r.output.strip().splitlines()[-1])
+        with Image.open(PHOTO) as img:
+            img = img.convert("RGB")
+            kw = {}
+            if points:
+                kw.update(input_points=[[[[x, y] for x, y, _ in points]]], input_labels=[[[lb for *_, lb in points]]])
+            if box:
+                kw.update(input_boxes=[[list(box)]])
+            inputs = proc(images=img, return_tensors="pt", **kw)
+            inputs["pixel_values"] = torch.from_numpy(preprocess_image(img, _inputs.pp)[None])
+        with torch.no_grad():
+            res = hf(**{k: v for k, v in inputs.items() if k not in ("original_sizes", "reshaped_input_sizes")},
+                     multimask_output=True)
+        want = proc.post_process_masks(res.pred_masks, inputs["original_sizes"], inputs["reshaped_input_sizes"])[0][0]
+        for k in (1, 2, 3):
+            with Image.open(line["files"][f"mask{k}"]) as m:
+                got = np.asarray(m) > 127
+            inter, union = (got & want[k - 1].numpy()).sum(), (got | want[k - 1].numpy()).sum()
+            assert union == 0 or inter / union > 0.99, (points, box, k, inter / union)
+        assert line["files"]["overlay"].endswith(".mask.overlay.png") and len(line["scores"]) == 4
+    fails_cleanly(CliRunner().invoke(cli, ["predict", str(exported), str(PHOTO), "--out-dir", str(tmp_path / "o"),
+                                           "--point", "1,2,7"]), "foreground")
+    fails_cleanly(CliRunner().invoke(cli, ["predict", str(exported), str(PHOTO), "--out-dir", str(tmp_path / "o")]),
+                  "give sam a prompt")
+
+
+def test_predict_writes_the_image_embeddings(exported, tmp_path):
+    r = CliRunner().invoke(cli, ["predict", str(exported), str(PHOTO), "--embeddings", str(tmp_path / "e.npy"), "-q"])
+    assert r.exit_code == 0, r.output
+    emb = np.load(tmp_path / "e.npy")
+    x = preprocess_image(Image.open(PHOTO).convert("RGB"), _inputs.pp)[None]
+    assert emb.shape == (1, 32, 8, 8)
+    assert np.abs(emb - _embeddings(exported / "model.onnx", x)).max() < 1e-5

@@ -53,9 +53,15 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
                                       "(--jsonl/--json give them as vectors instead.)")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="A depth or segmentation model: where each image's maps go (depth: .npy, 16-bit PNG, colour map; "
-                   "segmentation: palette PNG of class indices, overlay); one JSON line per image is printed.")
+                   "segmentation: palette PNG of class indices, overlay); SAM: its masks, an overlay; one JSON line "
+                   "per image is printed.")
+@click.option("--point", "points", multiple=True, metavar="X,Y[,LABEL]",
+              help="SAM: a point prompt in the image's pixels, LABEL 1 foreground (default) or 0 background; "
+                   "repeatable.")
+@click.option("--box", default=None, metavar="X0,Y0,X1,Y1", help="SAM: a box prompt in the image's pixels.")
 @use(MODEL, QUIET)
-def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddings_out, out_dir, spec, log):
+def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddings_out, out_dir, points, box, spec,
+                    log):
     """Classify images with the model's own preprocessing: top-k classes and their probabilities.
 
     MODEL_DIR is an exported model folder (or its model.onnx). Without it, the folder of --model
@@ -76,8 +82,20 @@ def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddi
         raise click.UsageError("--embeddings writes a file; --json and --jsonl print: give one.")
     if embeddings_out is not None and embeddings_out.suffix != ".npy":
         raise click.UsageError(f"--embeddings {embeddings_out}: give a .npy file name.")
+    from ..deploy.sam import parse_box, parse_point
+
+    prompts, box_prompt = [parse_point(p) for p in points], None if box is None else parse_box(box)
     folder = open_model(target, spec, log=log)
-    if folder.read_manifest().dense_task is not None or out_dir is not None:
+    task = folder.read_manifest().dense_task
+    if (prompts or box_prompt) and task != "masks":
+        raise click.UsageError("--point and --box are prompts for a Segment Anything model with its decoder graph.")
+    if task == "masks" and embeddings_out is None:
+        _masks(folder, images, backend, precision, out_dir, prompts, box_prompt, as_json, log)
+        return
+    if embeddings_out is not None and task == "masks":
+        _embeddings(folder, images, backend, precision, False, False, embeddings_out, log)
+        return
+    if task is not None or out_dir is not None:
         _dense(folder, images, backend, precision, out_dir, as_json, log)
         return
     if embeddings_out is not None or (folder.read_manifest().num_classes <= 0 and (as_json or as_jsonl)):
@@ -113,6 +131,23 @@ def _embeddings(folder, images, backend, precision, as_json, as_jsonl, out, log)
         return
     for row in rows:
         click.echo(json.dumps(row))
+
+
+def _masks(folder, images, backend, precision, out_dir, points, box, as_json, log) -> None:
+    """SAM's masks for the prompts to --out-dir, one JSON line per image (a JSON list with --json)."""
+    import json
+
+    from ..deploy.sam import iter_masks
+
+    if out_dir is None:
+        raise click.UsageError(f"{folder.path} holds a Segment Anything model: give --out-dir DIR for its masks (and "
+                               f"--point/--box prompts), or --embeddings OUT.npy for its image embeddings.")
+    results = iter_masks(folder, images, out_dir, points, box, backend=backend, precision=precision, log=log)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in results]))
+        return
+    for r in results:
+        click.echo(json.dumps(r.to_dict()))
 
 
 def _dense(folder, images, backend, precision, out_dir, as_json, log) -> None:

@@ -178,7 +178,9 @@ def iter_embeddings(folder: ModelFolder, images: Sequence[Path | str], *, backen
         raise VitexportError(f"{folder.path} holds a classifier ({manifest.num_classes} classes) whose output is "
                              f"logits, not embeddings; export it with --outputs logits,pooled (or --num-classes 0).")
     output = "pooled" if "pooled" in manifest.output_names else manifest.output_name
-    yield from _outputs(folder, manifest, images, backend, precision, batch, workers, log, output)
+    # SAM's image embedding keeps its (C, h, w) shape: what an application running the decoder itself reads
+    yield from _outputs(folder, manifest, images, backend, precision, batch, workers, log, output,
+                        dense_shape=output == "image_embeddings")
 
 
 def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | str], backend: str, precision: str,
@@ -210,7 +212,7 @@ def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | st
 
 
 def write_embeddings(batches: Iterator[tuple[list[Path], np.ndarray]], count: int, out: Path) -> tuple[Path, Path]:
-    """OUT.npy, an (N, D) float32 array written as the batches come (its header first: N is known), and the
+    """OUT.npy, an (N, D) float32 array (SAM: (N, C, h, w)) written as the batches come (its header first: N is known), and the
     sidecar OUT.files.txt, its rows' images one per line; both renamed into place at the end, never half-written."""
     import numpy.lib.format as npformat
 
@@ -221,7 +223,7 @@ def write_embeddings(batches: Iterator[tuple[list[Path], np.ndarray]], count: in
         for files, emb in batches:
             if rows == 0:
                 npformat.write_array_header_1_0(f, {"descr": npformat.dtype_to_descr(np.dtype("<f4")),
-                                                    "fortran_order": False, "shape": (count, emb.shape[1])})
+                                                    "fortran_order": False, "shape": (count, *emb.shape[1:])})
             f.write(np.ascontiguousarray(emb, "<f4").tobytes())
             names.writelines(f"{display_path(p)}\n" for p in files)
             rows += len(emb)
