@@ -25,7 +25,8 @@ from ..errors import VitexportError
 from .config import ViTConfig
 from .heads.config import EOMT_OUTPUTS
 
-OUTPUTS = ("logits", "pooled", "tokens", "registers", "patch", "image_embeddings")
+OUTPUTS = ("logits", "pooled", "tokens", "registers", "patch")
+SAM_OUTPUTS = ("image_embeddings", "pooled", "logits")  # SAM's encoder: the neck's map, its mean, the head's
 TOKEN_OUTPUTS = ("tokens", "registers", "patch")  # a token sequence: what SAM's grid and neck do not give
 DENSE_OUTPUTS = ("predicted_depth", *EOMT_OUTPUTS)  # a dense head's (heads.config.DenseConfig.outputs)
 EMBEDDINGS = ("pooled",)  # outputs judged as embeddings (parity.knn)
@@ -36,8 +37,8 @@ def available(cfg: ViTConfig) -> list[str]:
     if cfg.dense is not None:
         return list(cfg.dense.outputs)
     if cfg.family == "sam":
-        return [o for o in ("image_embeddings", "pooled", "logits") if o != "logits" or cfg.num_classes > 0]
-    return [o for o in OUTPUTS if o != "image_embeddings" and (o != "logits" or cfg.num_classes > 0) and (o != "registers" or cfg.reg_tokens)
+        return [o for o in SAM_OUTPUTS if o != "logits" or cfg.num_classes > 0]
+    return [o for o in OUTPUTS if (o != "logits" or cfg.num_classes > 0) and (o != "registers" or cfg.reg_tokens)
             and (o != "pooled" or cfg.global_pool or cfg.distilled)]
 
 
@@ -57,12 +58,13 @@ def parse_outputs(text: str | None, cfg: ViTConfig) -> tuple[str, ...]:
     if text is None:
         return default_outputs(cfg)
     names = [t.strip().lower() for t in text.split(",") if t.strip()]
+    known = SAM_OUTPUTS if cfg.family == "sam" else OUTPUTS
     if not names:
-        raise VitexportError(f"--outputs is empty; give some of {', '.join(OUTPUTS)}.")
+        raise VitexportError(f"--outputs is empty; give some of {', '.join(known)}.")
     has = available(cfg)
     for n in names:
-        if n not in OUTPUTS + DENSE_OUTPUTS:
-            raise VitexportError(f"--outputs {n!r} is not an output vitexport knows; choose from {', '.join(OUTPUTS)}.")
+        if n not in OUTPUTS + SAM_OUTPUTS + DENSE_OUTPUTS:
+            raise VitexportError(f"--outputs {n!r} is not an output vitexport knows; choose from {', '.join(known)}.")
         if n not in has and cfg.dense is not None:
             raise VitexportError(f"--outputs {n}: this dense model gives {', '.join(has)} only.")
         if n not in has:

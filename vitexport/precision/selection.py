@@ -69,8 +69,9 @@ def signed_permutations(graph) -> set[str]:
 
 
 def batched_constants(graph) -> set[str]:
-    """Constants of rank 3 or more: not a layer's weight but a table a batched MatMul reads (SAM's decomposed
-    relative position rows, (side, head_dim, side)), left in float like the rest of the attention's bias."""
+    """Constants of rank 3 or more: read by a MatMul, not a layer's weight but a table of a batched product (SAM's
+    decomposed relative position rows, (side, head_dim, side)), left in float like the rest of the attention's bias
+    (a convolution's 4-D weight is a weight)."""
     found = {t.name for t in graph.initializer if len(t.dims) > 2}
     for node in graph.node:
         if node.op_type == "Constant":
@@ -89,13 +90,13 @@ def select_gemms(graph, excluded: set[str], quantize_attention: bool = False,
     products (the head) in float.
     """
     consts = constant_names(graph)
-    rotations = signed_permutations(graph) | batched_constants(graph)
+    rotations, tables = signed_permutations(graph), batched_constants(graph)
     nodes, acts = [], []
     for node in graph.node:
         if node.op_type not in LINEAR_OPS or node.name in excluded:
             continue
         weight_const = len(node.input) > 1 and node.input[1] in consts
-        if weight_const and node.input[1] in rotations:
+        if weight_const and (node.input[1] in rotations or (node.op_type == "MatMul" and node.input[1] in tables)):
             continue
         if not weight_const and not (quantize_attention and node.op_type == "MatMul"):
             continue
