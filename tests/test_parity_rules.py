@@ -259,7 +259,8 @@ def test_records_and_verdicts_as_reports_write_them():
     assert ParityVerdict(s, Thresholds(), [], ["x"]).to_dict()["status"] == "inconclusive"
     assert Thresholds(cos_min=0.5).to_dict() == {"max_abs": None, "cos_min": 0.5, "cos_mean": None,
                                                  "top1_agree": None, "acc_drop": None, "absrel": None,
-                                                 "delta1": None, "pixel_agree": None, "miou": None}
+                                                 "delta1": None, "pixel_agree": None, "miou": None,
+                                                 "mask_iou": None, "mask_iou_min": None}
     assert export_thresholds() is EXPORT_THRESHOLDS and EXPORT_THRESHOLDS.max_abs == 1e-4
     assert export_thresholds(3e-4) == replace(EXPORT_THRESHOLDS, max_abs=3e-4)
 

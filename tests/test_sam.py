@@ -25,7 +25,8 @@ from vitexport.model.build import build_model
 from vitexport.model.readers.checkpoints import adapt_state_dict, detect_format
 from vitexport.parity.accumulate import ParityAccumulator, Truth
 from vitexport.parity.compare import DEFAULT_THRESHOLDS
-from vitexport.parity.masks import PROMPTS, PromptedMasks
+from vitexport.parity.masks import PROMPTS
+from vitexport.validate.sam_masks import PromptedMasks
 from vitexport.tensorrt_engine.graph_rules import rule_breakers
 
 transformers = pytest.importorskip("transformers")

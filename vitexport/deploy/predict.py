@@ -212,7 +212,8 @@ def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | st
 
 
 def write_embeddings(batches: Iterator[tuple[list[Path], np.ndarray]], count: int, out: Path) -> tuple[Path, Path]:
-    """OUT.npy, an (N, D) float32 array (SAM: (N, C, h, w)) written as the batches come (its header first: N is known), and the
+    """OUT.npy, an (N, D) float32 array (SAM: (N, C, h, w)) written as the batches come (its header first: N is
+    known), and the
     sidecar OUT.files.txt, its rows' images one per line; both renamed into place at the end, never half-written."""
     import numpy.lib.format as npformat
 

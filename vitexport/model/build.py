@@ -1,5 +1,5 @@
-"""The model a config describes: its family's class (`vit.VisionTransformer`, `eva.Eva`, `beit.Beit`, `sam.SamViT`), built with
-deterministic weights."""
+"""The model a config describes: its family's class (`vit.VisionTransformer`, `eva.Eva`, `beit.Beit`,
+`sam.SamViT`), built with deterministic weights."""
 
 from __future__ import annotations
 

@@ -127,15 +127,11 @@ class ViTConfig:
     attn_only_layer_scale: bool = False  # LayerScale on the attention branch only (Sapiens2)
     pool_heads: int | None = None  # the attention pool's heads; None: num_heads
     pool_mlp_ratio: float | None = None  # the attention pool's MLP ratio; None: mlp_ratio; 0: no MLP, no norm
-    # SAM (family 'sam'; pos_embed_grid set: transformers', which takes that grid alone): attention inside windows of this many tokens a side (0: global everywhere), except in the
-    # global blocks; the convolutional neck's width (0: a LayerNorm2d over the tokens instead, timm's classifier form)
-    window_size: int = 0
-    global_attn_indexes: tuple[int, ...] = ()
-    neck_chans: int = 0
-
-    # -- SAM's prompt encoder and mask decoder (heads.sam_decoder), a graph of their own beside the encoder's; None:
-    # the encoder alone (timm's SAM, transformers' SamVisionModel)
-    sam_decoder: PromptDecoderConfig | None = None
+    # SAM (family 'sam'; pos_embed_grid set: transformers', at that grid alone): windows of this many tokens a side
+    window_size: int = 0  # (0: global attention everywhere)
+    global_attn_indexes: tuple[int, ...] = ()  # the blocks that attend over the whole grid
+    neck_chans: int = 0  # the neck's width (0: a LayerNorm2d instead, timm's classifier form)
+    sam_decoder: PromptDecoderConfig | None = None  # SamModel's prompt decoder (heads.sam_decoder); None: none
 
     # -- a dense predictor (model.dense): the head over this backbone's intermediate tokens; None: the ViT itself
     dense: DenseConfig | None = None
@@ -200,10 +196,9 @@ class ViTConfig:
 
     def _indexes(self, v: Any) -> tuple[int, ...]:
         """SAM's global blocks, sorted; an index past the last block names none (timm's tiny variants keep them)."""
-        if not isinstance(v, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and
-                                                       0 <= i < MAX_DEPTH for i in v):
-            raise VitexportError(f"The model config's global_attn_indexes {v!r} are not block indices.")
-        return tuple(sorted(set(v)))
+        if isinstance(v, (list, tuple)) and all(type(i) is int and 0 <= i < MAX_DEPTH for i in v):
+            return tuple(sorted(set(v)))
+        raise VitexportError(f"The model config's global_attn_indexes {v!r} are not block indices.")
 
     def _kv_heads(self, v: Any) -> tuple[int, ...] | None:
         """num_kv_heads as one entry per block: an int stands for every block; None entries mean num_heads."""
@@ -271,36 +266,30 @@ class ViTConfig:
             raise VitexportError("mlp_align_to rounds SwiGLU's hidden width: it needs mlp_layer='swiglu'.")
 
     def _check_sam(self) -> None:
-        """SAM's encoder: a grid of patch tokens and nothing else, windows and a neck of sensible sizes."""
+        """SAM's encoder: a grid of patch tokens alone, at one size (transformers': its own), windows and a neck of
+        sensible sizes, a prompt decoder that reads its embedding."""
         if self.family != "sam":
             if self.window_size or self.global_attn_indexes or self.neck_chans or self.sam_decoder is not None:
                 raise VitexportError("window_size, global_attn_indexes, neck_chans and sam_decoder are SAM's options: "
                                      "they need family='sam'.")
             return
-        if self.pos_embed_grid is not None and self.pos_embed_grid != self.grid_size:  # transformers' SAM
-            g, p = self.pos_embed_grid, self.patch_size
-            raise VitexportError(f"transformers' SAM runs at its image_size alone ({g[0] * p[0]}x{g[1] * p[1]}), not "
-                                 f"at {self.img_size[0]}x{self.img_size[1]}; export it at that size.")
-        d = self.sam_decoder
-        if d is not None and (d.hidden_size != self.neck_chans or (d.embedding_size,) * 2 != self.grid_size or
-                              (d.image_size,) * 2 != self.img_size):
-            raise VitexportError(f"SAM's prompt decoder reads a {d.hidden_size} x {d.embedding_size} x "
-                                 f"{d.embedding_size} embedding of a {d.image_size}-pixel input; the encoder gives "
-                                 f"{self.neck_chans} x {self.grid_size[0]} x {self.grid_size[1]} at "
-                                 f"{self.img_size[0]}x{self.img_size[1]}.")
-        if self.class_token or self.reg_tokens or self.no_embed_class or self.distilled:
-            raise VitexportError("SAM's image encoder has no class or register tokens (class_token=False, "
-                                 "reg_tokens=0).")
-        if self.global_pool not in ("avg", ""):
-            raise VitexportError(f"SAM's image encoder pools 'avg' or '' (not {self.global_pool!r}).")
-        if self.dynamic_img_size:
-            raise VitexportError("SAM's image encoder runs at one size (its windows and relative position tables "
-                                 "are fixed by the grid): export it at a fixed --img-size.")
-        if self.attn_layer != "attn" or not self.qkv_fused or not self.k_bias or self.num_kv_heads is not None:
-            raise VitexportError("SAM's attention is one fused qkv projection with its biases.")
-        if not 0 <= self.window_size <= MAX_SIDE or not 0 <= self.neck_chans <= MAX_WIDTH:
-            raise VitexportError(f"SAM's window_size {self.window_size} or neck_chans {self.neck_chans} is out of "
-                                 f"range.")
+        g, p = self.pos_embed_grid, self.patch_size
+        for bad, why in (
+                (self.class_token or self.reg_tokens or self.no_embed_class or self.distilled,
+                 "SAM's image encoder has no class or register tokens (class_token=False, reg_tokens=0)"),
+                (self.global_pool not in ("avg", ""), f"SAM's encoder pools 'avg' or '', not {self.global_pool!r}"),
+                (self.dynamic_img_size, "SAM's encoder runs at one size: export it at a fixed --img-size"),
+                (self.attn_layer != "attn" or not self.qkv_fused or not self.k_bias or self.num_kv_heads is not None,
+                 "SAM's attention is one fused qkv projection with its biases"),
+                (not 0 <= self.window_size <= MAX_SIDE or not 0 <= self.neck_chans <= MAX_WIDTH,
+                 f"SAM's window_size {self.window_size} or neck_chans {self.neck_chans} is out of range"),
+                (g is not None and g != self.grid_size, f"transformers' SAM runs at its image_size alone ("
+                 f"{g[0] * p[0]}x{g[1] * p[1]}), not at {self.img_size[0]}x{self.img_size[1]}; export it at that "
+                 f"size" if g else "")):
+            if bad:
+                raise VitexportError(why + ".")
+        if self.sam_decoder is not None:
+            self.sam_decoder.check_reads(self.neck_chans, self.grid_size, self.img_size)
 
     def _check_types(self) -> None:
         """Every field of the type it is declared with (a bool is not an int; an int may stand for a float)."""

@@ -1,5 +1,6 @@
 """SAM judged by its masks: a backend's image embeddings and the FP32 reference's go through the same decoder graph
-(`decoder.onnx`, FP32, in ONNX Runtime) with the same fixed prompts, and the masks are compared by IoU.
+(`decoder.onnx`, FP32, in ONNX Runtime: validate.sam_masks runs it) with the same fixed prompts, and the masks are
+compared by IoU.
 
 The prompts (`PROMPTS`) are fractions of the encoder's input frame, where the image lies from the top left (SAM's
 processor pads below and right): five single foreground points, a foreground and a background point together, and
@@ -14,11 +15,7 @@ t-interval (`parity.stats.mean_interval`), and the worst prompt of any image.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-
-from ..errors import VitexportError
 
 # (points [(x, y, label)], box (x0, y0, x1, y1) or None), as fractions of the input frame's side
 PROMPTS: tuple[tuple[tuple[tuple[float, float, int], ...], tuple[float, float, float, float] | None], ...] = (
@@ -35,56 +32,10 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union == 0, 1.0, inter / np.maximum(union, 1))
 
 
-class PromptedMasks:
-    """The decoder graph run on image embeddings with the fixed prompts."""
-
-    def __init__(self, decoder_onnx: Path | str, image_size: int, mask_size: int) -> None:
-        from ..backends.ort_session import create_session
-        from ..model.heads.sam_decoder import prompts_to_inputs
-
-        if not Path(decoder_onnx).is_file():
-            raise VitexportError(f"{decoder_onnx} is missing: SAM's masks need the decoder graph the export wrote "
-                                 f"beside the encoder; re-export the model.")
-        self.session = create_session(decoder_onnx, threads=None)
-        self.mask_size = mask_size
-        self.groups: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}  # rows -> [(prompt, coords, labels)]
-        for i, (points, box) in enumerate(PROMPTS):
-            pts = [(x * image_size, y * image_size, label) for x, y, label in points]
-            bx = None if box is None else tuple(v * image_size for v in box)
-            coords, labels = prompts_to_inputs(pts, bx, (1.0, 1.0))  # type: ignore[arg-type]
-            self.groups.setdefault(len(labels), []).append((i, coords, labels))
-
-    def __call__(self, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Embeddings (B, C, E, E) -> every prompt's masks (B, P, M, S, S) as logits > 0 and scores (B, P, M)."""
-        B = emb.shape[0]
-        emb = np.ascontiguousarray(emb, dtype=np.float32)
-        masks: list = [None] * len(PROMPTS)
-        scores: list = [None] * len(PROMPTS)
-        for rows, prompts in self.groups.items():
-            k = len(prompts)
-            coords = np.stack([c for _, c, _ in prompts])  # (k, rows, 2)
-            labels = np.stack([lb for _, _, lb in prompts])  # (k, rows)
-            feeds = {"image_embeddings": np.repeat(emb, k, axis=0),  # (B*k, C, E, E): image-major
-                     "point_coords": np.tile(coords, (B, 1, 1)), "point_labels": np.tile(labels, (B, 1)),
-                     "mask_input": np.zeros((B * k, 1, self.mask_size, self.mask_size), np.float32),
-                     "has_mask_input": np.zeros(B * k, np.float32)}
-            m, s = self.session.run(["masks", "iou_predictions"], feeds)  # (B*k, M, S, S), (B*k, M)
-            m = (m > 0).reshape(B, k, *m.shape[1:])
-            s = s.reshape(B, k, -1)
-            for j, (i, _, _) in enumerate(prompts):
-                masks[i], scores[i] = m[:, j], s[:, j]
-        return np.stack(masks, axis=1), np.stack(scores, axis=1)
-
-    def rows(self, prompt: int) -> int:
-        """The graph rows of prompt `prompt` (its points and the padding or box rows): SAM's count for select_mask."""
-        return next(len(lb) for group in self.groups.values() for i, _, lb in group if i == prompt)
-
-
-def compare_masks(decode: PromptedMasks, ref: np.ndarray, out: np.ndarray) -> np.ndarray:
+def compare_masks(decode, ref: np.ndarray, out: np.ndarray) -> np.ndarray:
     """The IoU of the candidate's mask with the reference's for every image and prompt (B, P), the mask chosen from
-    the reference's scores."""
-    from ..model.heads.sam_decoder import select_mask
-
+    the reference's scores. `decode`: the prompted decoder (validate.sam_masks.PromptedMasks): decode(embeddings) ->
+    (masks (B, P, M, S, S) bool, scores (B, P, M)), decode.rows(prompt), decode.select(scores, rows)."""
     ref_masks, ref_scores = decode(ref)
     out_masks, _ = decode(out)
     B, P = ref_scores.shape[:2]
@@ -92,6 +43,6 @@ def compare_masks(decode: PromptedMasks, ref: np.ndarray, out: np.ndarray) -> np
     for p in range(P):
         rows = decode.rows(p)
         for b in range(B):
-            k = select_mask(ref_scores[b, p], rows)
+            k = decode.select(ref_scores[b, p], rows)
             iou[b, p] = mask_iou(ref_masks[b, p, k], out_masks[b, p, k])
     return iou

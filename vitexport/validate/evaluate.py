@@ -165,7 +165,8 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
     task = None if dense is None else dense.get("task")
     vset = ValidationSet(images, inputs, pick(labels), subset, pick(real), pick(images.labels), how, task)
     if task == "masks":  # SAM: the embedding judged by the masks the decoder graph gives with fixed prompts
-        from ..parity.masks import PROMPTS, PromptedMasks
+        from ..parity.masks import PROMPTS
+        from .sam_masks import PromptedMasks
 
         assert dense is not None
         vset.masks = PromptedMasks(dense["decoder_onnx"], dense["image_size"], 4 * dense["embedding_size"])

@@ -232,6 +232,14 @@ class PromptDecoderConfig:
             raise VitexportError(f"The prompt decoder's num_point_embeddings {self.num_point_embeddings} is not 4 "
                                  f"(SAM embeds background, foreground and a box's two corners).")
 
+    def check_reads(self, channels: int, grid: tuple[int, int], img_size: tuple[int, int]) -> None:
+        """One sentence unless the encoder's embedding, (channels, *grid) of an img_size input, is what this reads."""
+        e = self.embedding_size
+        if self.hidden_size != channels or (e, e) != tuple(grid) or (self.image_size,) * 2 != tuple(img_size):
+            raise VitexportError(f"SAM's prompt decoder reads a {self.hidden_size} x {e} x {e} embedding of a "
+                                 f"{self.image_size}-pixel input; the encoder gives {channels} x {grid[0]} x "
+                                 f"{grid[1]} at {img_size[0]}x{img_size[1]}.")
+
     @property
     def mask_size(self) -> int:
         """The low-resolution masks' side (and the mask input's): 4 x the embedding's, 256."""
