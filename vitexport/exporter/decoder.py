@@ -7,8 +7,6 @@ without a box and a previous mask, before it replaces anything.
 
 from __future__ import annotations
 
-import logging
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from ..errors import ParityError, VitexportError
 from ..model.heads.sam_decoder import INPUT_NAMES, OUTPUT_NAMES, SamPromptDecoder
 from ..paths import atomic_path
 from ..tensorrt_engine.graph_rules import describe, rule_breakers
+from .to_onnx import quiet_exporter
 
 DECODER_ATOL = 1e-4  # x max(1, |masks|): float32's rounding through two attention layers, as the encoder's bound
 CHECK_POINTS = (1, 2, 5)  # point counts checked (a box adds its two corners)
@@ -78,19 +77,10 @@ def _trace(decoder: SamPromptDecoder, opset: int):
     batch = torch.export.Dim("batch", min=1, max=4096)
     points = torch.export.Dim("points", min=1, max=4096)
     shapes = ({0: batch}, {0: batch, 1: points}, {0: batch, 1: points}, {0: batch}, {0: batch})
-    quiet = [logging.getLogger(name) for name in ("onnxscript", "torch.onnx")]
-    levels = [q.level for q in quiet]
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        for q in quiet:
-            q.setLevel(logging.CRITICAL)
-        try:
-            program = torch.onnx.export(decoder, example, dynamo=True, input_names=list(INPUT_NAMES),
-                                        output_names=list(OUTPUT_NAMES), dynamic_shapes=shapes, opset_version=opset,
-                                        optimize=True, verbose=False)
-        finally:
-            for q, level in zip(quiet, levels):
-                q.setLevel(level)
+    with quiet_exporter():
+        program = torch.onnx.export(decoder, example, dynamo=True, input_names=list(INPUT_NAMES),
+                                    output_names=list(OUTPUT_NAMES), dynamic_shapes=shapes, opset_version=opset,
+                                    optimize=True, verbose=False)
     proto = program.model_proto
     if breakers := rule_breakers(proto):
         raise VitexportError(f"The exported decoder graph has {describe(breakers)}; this is a bug in vitexport's "

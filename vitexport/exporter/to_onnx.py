@@ -73,6 +73,23 @@ def onnx_metadata(variant: str, preprocess: Preprocess, num_classes: int, pos_em
             "pos_embed_interp": pos_embed_interp}
 
 
+@contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """torch.onnx's exporter without its warnings and logs (it logs a failed conversion to another opset with a
+    traceback, then carries on with its own opset), gradients off."""
+    quiet = [logging.getLogger(name) for name in ("onnxscript", "torch.onnx")]
+    levels = [q.level for q in quiet]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        for q in quiet:
+            q.setLevel(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            for q, level in zip(quiet, levels):
+                q.setLevel(level)
+
+
 def _trace(model: VisionTransformer, opset: int, example_batch: int, img_size_range=None,
            outputs: tuple[str, ...] = (OUTPUT_NAME,)):
     """The model as an ONNX ModelProto with a symbolic batch axis (and symbolic height and width, multiples of the
@@ -93,21 +110,11 @@ def _trace(model: VisionTransformer, opset: int, example_batch: int, img_size_ra
         (ph, pw) = cfg.patch_size
         axes[2] = ph * torch.export.Dim("grid_h", min=h0 // ph, max=h1 // ph)
         axes[3] = pw * torch.export.Dim("grid_w", min=w0 // pw, max=w1 // pw)
-    # the exporter logs a failed conversion to another opset with a traceback, then carries on with its own opset
-    quiet = [logging.getLogger(name) for name in ("onnxscript", "torch.onnx")]
-    levels = [q.level for q in quiet]
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        for q in quiet:
-            q.setLevel(logging.CRITICAL)
-        try:
-            program = torch.onnx.export(
-                model, (x,), dynamo=True, input_names=[INPUT_NAME], output_names=list(outputs),
-                dynamic_shapes={"x": axes}, opset_version=opset, optimize=True, verbose=False,
-            )
-        finally:
-            for q, level in zip(quiet, levels):
-                q.setLevel(level)
+    with quiet_exporter():
+        program = torch.onnx.export(
+            model, (x,), dynamo=True, input_names=[INPUT_NAME], output_names=list(outputs),
+            dynamic_shapes={"x": axes}, opset_version=opset, optimize=True, verbose=False,
+        )
     got = {o.domain: o.version for o in program.model_proto.opset_import}.get("", opset)
     if got != opset:
         raise VitexportError(f"--opset {opset} is out of reach: torch.onnx's exporter could not convert this graph "
