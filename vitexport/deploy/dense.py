@@ -130,10 +130,7 @@ def iter_dense(folder: ModelFolder, images: Sequence[Path | str], out: Path, *, 
     files = collect_images(images)
     stems = _stems(files)
     kinds = ("depth.npy", "depth.png", "depth.color.png") if task == "depth" else ("seg.png", "overlay.png")
-    clash = [out / f"{s}.{k}" for s in stems for k in kinds if (out / f"{s}.{k}").exists()]
-    if clash:
-        raise VitexportError(f"{display_path(clash[0])} already exists ({len(clash)} file(s) of these images in "
-                             f"{display_path(out)}); give another --out-dir or remove them.")
+    refuse_existing(out, stems, kinds)
     dense = manifest.dense
     metric = dense.get("depth_type") == "metric"
     per_image = manifest.img_size_range is not None and manifest.preprocess.multiple_of > 0
@@ -193,6 +190,15 @@ def _own_sizes(folder: ModelFolder, manifest, files: list[Path], backend: str, p
                 advance(1)
     finally:
         runner.close()
+
+
+def refuse_existing(out: Path, stems: Sequence[str], kinds: Sequence[str]) -> None:
+    """One sentence, before any work, when a file `out/<stem>.<kind>` of these images already exists: nothing is
+    overwritten."""
+    clash = [out / f"{s}.{k}" for s in stems for k in kinds if (out / f"{s}.{k}").exists()]
+    if clash:
+        raise VitexportError(f"{display_path(clash[0])} already exists ({len(clash)} file(s) of these images in "
+                             f"{display_path(out)}); give another --out-dir or remove them.")
 
 
 def _stems(files: list[Path]) -> list[str]:

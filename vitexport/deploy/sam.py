@@ -24,6 +24,7 @@ from ..artifacts.folder import ModelFolder
 from ..errors import VitexportError
 from ..paths import display_path
 from ..progress import QUIET, Log
+from .dense import _save_png, _stems, refuse_existing, resize_maps
 
 
 @dataclass
@@ -68,26 +69,16 @@ def postprocess(low: np.ndarray, image_size: int, resized: tuple[int, int], size
     """Low-resolution logits (M, s, s) -> masks (M, H, W) at the image's size, as SamProcessor.post_process_masks:
     bilinear to the input frame, the padding cut off (resized: (h, w) of the image in the frame), bilinear to the
     image's (H, W), above 0."""
-    import torch
-    import torch.nn.functional as F
-
-    t = torch.from_numpy(np.ascontiguousarray(low, np.float32))[None]  # (1, M, s, s)
-    t = F.interpolate(t, size=(image_size, image_size), mode="bilinear", align_corners=False)
-    t = t[..., :resized[0], :resized[1]]
-    t = F.interpolate(t, size=size, mode="bilinear", align_corners=False)
-    return (t[0] > 0).numpy()
+    frame = resize_maps(low, (image_size, image_size), "bilinear")[:, :resized[0], :resized[1]]
+    return resize_maps(frame, size, "bilinear") > 0
 
 
 def _overlay(img, mask: np.ndarray, points, box, path: Path) -> None:
-    from PIL import ImageDraw
-
-    from .dense import _save_png
+    """The mask tinted over the image, foreground points green, background red, the box yellow."""
+    from PIL import Image, ImageDraw
 
     rgb = np.asarray(img.convert("RGB"), np.float32)
-    tint = np.array([30, 144, 255], np.float32)
-    rgb[mask] = 0.45 * rgb[mask] + 0.55 * tint
-    from PIL import Image
-
+    rgb[mask] = 0.45 * rgb[mask] + 0.55 * np.array([30, 144, 255], np.float32)
     out = Image.fromarray(rgb.round().astype(np.uint8))
     draw = ImageDraw.Draw(out)
     r = max(3, round(min(out.size) / 100))
@@ -104,11 +95,10 @@ def iter_masks(folder: ModelFolder, images: Sequence[Path | str], out: Path,
                workers: int | None = None, log: Log = QUIET) -> Iterator[MaskResult]:
     """Every image's masks for the prompts, written to `out`; one MaskResult per image, in order. A file of the
     same name already in `out` is refused before any work."""
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     from ..backends.ort_session import create_session
     from ..model.heads.sam_decoder import prompts_to_inputs, select_mask
-    from .dense import _save_png, _stems
     from .predict import _outputs, collect_images
 
     manifest = folder.read_manifest()
@@ -123,11 +113,7 @@ def iter_masks(folder: ModelFolder, images: Sequence[Path | str], out: Path,
         raise VitexportError(f"{display_path(decoder_path)} is missing: re-export the model (`vitexport onnx`).")
     files = collect_images(images)
     stems = _stems(files)
-    kinds = ["mask.png", "mask.overlay.png"] + [f"mask.{k}.png" for k in range(4)]
-    clash = [out / f"{s}.{k}" for s in stems for k in kinds if (out / f"{s}.{k}").exists()]
-    if clash:
-        raise VitexportError(f"{display_path(clash[0])} already exists ({len(clash)} file(s) of these images in "
-                             f"{display_path(out)}); give another --out-dir or remove them.")
+    refuse_existing(out, stems, ["mask.png", "mask.overlay.png"] + [f"mask.{k}.png" for k in range(4)])
     out.mkdir(parents=True, exist_ok=True)
     session = create_session(decoder_path)
     pp, side, s = manifest.preprocess, int(dense["image_size"]), 4 * int(dense["embedding_size"])
@@ -136,8 +122,6 @@ def iter_masks(folder: ModelFolder, images: Sequence[Path | str], out: Path,
                                dense_shape=True):
         for f, e in zip(chunk, emb):
             with Image.open(f) as img:
-                from PIL import ImageOps
-
                 img = ImageOps.exif_transpose(img) or img  # prompts are in the upright image's pixels
                 w, h = img.size
                 nw, nh = pp.resized_size(w, h)

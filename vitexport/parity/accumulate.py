@@ -44,7 +44,7 @@ class Truth:
     relative_depth: bool = True  # a relative depth model: aligned to the truth by scale and shift first
     # (maps, image size) -> the part of the maps over the image (an input padded around it: data.Preprocess)
     image_part: "Callable[[np.ndarray, tuple[int, int]], np.ndarray] | None" = None
-    # SAM ('masks'): the decoder graph run with the fixed prompts on an image embedding (parity.masks.PromptedMasks)
+    # SAM ('masks'): the decoder graph run with the fixed prompts on an image embedding (validate.sam_masks.PromptedMasks)
     masks: "Callable | None" = None
 
 

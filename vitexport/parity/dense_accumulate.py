@@ -24,7 +24,7 @@ class DenseAccumulator:
                  relative_depth: bool = True, image_part: Callable | None = None,
                  masks: Callable | None = None) -> None:
         self.kind, self.n, self.read_truth, self.relative_depth = kind, n, read_truth, relative_depth
-        self.masks = masks  # SAM: the prompted decoder (parity.masks.PromptedMasks)
+        self.masks = masks  # SAM: the prompted decoder (validate.sam_masks.PromptedMasks)
         self.image_part = image_part or (lambda maps, size: maps)  # the maps over the image, before resizing
         self.first = np.zeros(n)  # AbsRel, or pixel agreement
         self.second = np.zeros(n)  # delta1 (depth)
