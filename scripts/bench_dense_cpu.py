@@ -1,7 +1,7 @@
-"""Depth-Anything-V2-Small at 518 (or EoMT-DINOv3-S at 640, --eomt) on this CPU: the backends side by side in one run, and
-the peak memory of calibration, bench and predict at two numbers of images.
+"""Depth-Anything-V2-Small at 518 (or EoMT-DINOv3-S at 640, --eomt, or SAM ViT-B at 1024, --sam) on this CPU: the
+backends side by side in one run, and the peak memory of calibration, bench and predict at two numbers of images.
 
-    python scripts/bench_dense_cpu.py [--out /tmp/dense] [--images 8 32] [--rounds 5] [--eomt]
+    python scripts/bench_dense_cpu.py [--out /tmp/dense] [--images 8 32] [--rounds 5] [--eomt | --sam]
 
 The model is transformers' DepthAnythingForDepthEstimation at its published configuration (convert_depth_anything_
 to_hf.py's V2 small: DINOv2-S/14 at 518, taps 3/6/9/12, fusion 64) with random weights moved off their init, saved
@@ -30,12 +30,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = sorted((ROOT / "calibration" / "photos").rglob("*.jpg"))
 
 
-def save_model(folder: Path, eomt: bool) -> None:
+def save_model(folder: Path, eomt: bool, sam: bool = False) -> None:
     import torch
     import transformers
 
     torch.manual_seed(0)
-    if eomt:  # EoMT-DINOv3-S at 640 (the converted coco_panoptic_eomt_small_640_dinov3: 1,600 patches, 200 queries)
+    if sam:  # SAM ViT-B (SamVisionConfig's defaults: 1024 px, 64 x 64 tokens, windows of 14, global blocks 2/5/8/11)
+        model = transformers.SamModel(transformers.SamConfig()).eval()
+        proc = transformers.SamImageProcessor()
+    elif eomt:  # EoMT-DINOv3-S at 640 (the converted coco_panoptic_eomt_small_640_dinov3: 1,600 patches, 200 queries)
         cfg = transformers.EomtDinov3Config(hidden_size=384, intermediate_size=1536, num_hidden_layers=12,
                                             num_attention_heads=6, image_size=640, patch_size=16,
                                             num_register_tokens=4, layer_norm_eps=1e-5, num_queries=200,
@@ -57,7 +60,7 @@ def save_model(folder: Path, eomt: bool) -> None:
             p.add_(torch.randn_like(p) * 0.02)
         if eomt:
             model.attn_mask_probs.zero_()  # as trained EoMT checkpoints hold it
-        else:
+        elif not sam:
             model.head.conv3.bias.fill_(1.0)
     model.save_pretrained(folder)
     proc.save_pretrained(folder)
@@ -138,13 +141,16 @@ def main() -> None:
     ap.add_argument("--images", type=int, nargs=2, default=[8, 32])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--eomt", action="store_true", help="EoMT-DINOv3-S at 640 instead of Depth-Anything-V2-Small at 518")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--eomt", action="store_true", help="EoMT-DINOv3-S at 640 instead of Depth-Anything-V2-S at 518")
+    which.add_argument("--sam", action="store_true", help="SAM ViT-B at 1024 (SamModel): the encoder timed; predict "
+                                                          "with a point and a box")
     args = ap.parse_args()
     from vitexport.environment import cpu_flags, cpu_model
 
-    out = args.out / ("eomt-dinov3-s-640" if args.eomt else "da-v2-s-518")
+    out = args.out / ("eomt-dinov3-s-640" if args.eomt else "sam-vit-b-1024" if args.sam else "da-v2-s-518")
     if not (out / "model" / "manifest.json").exists():
-        save_model(out / "saved", args.eomt)
+        save_model(out / "saved", args.eomt, args.sam)
         wall, rss, _ = vx("onnx", "-c", str(out / "saved"), "-o", str(out / "model"), "-q")
         print(json.dumps({"step": "onnx", "wall_s": round(wall), "rss_mb": round(rss)}), flush=True)
     if not (out / "model" / "model.int8.onnx").exists():  # the timed INT8 graph: calibrated on the shipped photos
@@ -157,7 +163,8 @@ def main() -> None:
                           ("bench", ["bench", str(out / "model"), "--data", str(data), "--backend", "onnxruntime",
                                      "--batch", "1", "--iterations", "2", "--no-prepare"]),
                           ("predict", ["predict", str(out / "model"), str(data), "--out-dir",
-                                       str(out / f"maps-{n}-{time.time_ns()}")])):
+                                       str(out / f"maps-{n}-{time.time_ns()}"),
+                                       *(["--point", "320,240", "--box", "200,150,500,400"] if args.sam else [])])):
             wall, rss, _ = vx(*cmd, "-q")
             results[f"{step} @ {n}"] = {"wall_s": round(wall, 1), "rss_mb": round(rss)}
             print(json.dumps({"step": step, "images": n, "wall_s": round(wall, 1), "rss_mb": round(rss)}), flush=True)

@@ -9,6 +9,7 @@ when max abs <= 1e-5 x max(1, |timm output|). Anything vitexport refuses is list
 
     python scripts/timm_coverage.py                    # writes docs/MODELS.md
     python scripts/timm_coverage.py --only 'deit3_*'    # a subset, printed, no doc written
+    python scripts/timm_coverage.py --only 'samvit_*' --merge   # a subset run again, its rows replaced in the doc
 
 Run with `/usr/bin/time -v` for the peak RSS the doc records (it records the process's own too).
 """
@@ -41,7 +42,8 @@ FAMILIES = [  # (pattern on ARCH.TAG, family), first match wins
     (r"", "other ViTs"),
 ]
 MODULE_GROUPS = [("vision_transformer.py, deit.py", ("vision_transformer", "deit")),
-                 ("eva.py, beit.py, naflexvit.py", ("eva", "beit", "naflexvit"))]
+                 ("eva.py, beit.py, naflexvit.py", ("eva", "beit", "naflexvit")),
+                 ("vision_transformer_sam.py", ("vision_transformer_sam",))]
 # eva.py, beit.py and naflexvit.py: (pattern on ARCH.TAG, family) by timm's module, first match wins
 MODULE_FAMILIES = {
     "eva": [(r"dinov3", "DINOv3"), (r"sapiens2", "Sapiens2"), (r"lingbot", "LingBot-Vision"),
@@ -49,6 +51,7 @@ MODULE_FAMILIES = {
             (r"^eva02_", "EVA02"), (r"^eva_", "EVA"), (r"", "other eva.py models")],
     "beit": [(r"", "BEiT / BEiT v2")],
     "naflexvit": [(r"siglip", "NaFlexViT: SigLIP2"), (r"radio", "NaFlexViT: C-RADIO"), (r"", "NaFlexViT")],
+    "vision_transformer_sam": [(r"", "Segment Anything (image encoder)")],
 }
 
 
@@ -156,7 +159,7 @@ def full_depth_tags(tags: list[str]) -> set[str]:
     return {t for _, t in best.values()}
 
 
-def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str) -> None:
+def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str, note: str = "") -> None:
     import onnxruntime
     import torch
 
@@ -168,7 +171,8 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
         "# Models: timm's vision transformers, tag by tag",
         "",
         "Made by `scripts/timm_coverage.py` (do not edit by hand). Every pretrained tag of timm's "
-        "`vision_transformer.py`, `deit.py`, `eva.py`, `beit.py` and `naflexvit.py` was built by timm with random "
+        "`vision_transformer.py`, `deit.py`, `eva.py`, `beit.py`, `naflexvit.py` and `vision_transformer_sam.py` was "
+        "built by timm with random "
         "weights (moved off their init), laid out as timm's hub repositories are, exported by vitexport **by name** "
         "(`-m ARCH.TAG`, offline) with its own ONNX Runtime check, and the written ONNX file was run by ONNX Runtime "
         "(CPU) against timm's PyTorch output on the same two random images. A tag passes when max abs <= "
@@ -180,7 +184,7 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
         f"**{len(ok)} of {len(results)} tags pass ({100 * len(ok) / max(1, len(results)):.1f} %).** "
         f"timm {timm_version}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; "
         f"wall time {wall / 60:.1f} min, peak RSS {rss_mb:,.0f} MB (this process and its children), "
-        f"on {_cpu()}.",
+        f"on {_cpu()}.{note}",
         "",
         "| timm modules | tags | pass | share |",
         "| --- | ---: | ---: | ---: |",
@@ -213,6 +217,29 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
     DOC.write_text("\n".join(lines) + "\n")
 
 
+def doc_results() -> tuple[list[dict], float, float]:
+    """The results the doc records (its every-tag table and the statuses of the tags that did not pass), with its
+    wall time (s) and peak RSS (MB): what --merge keeps of the rows it does not run again."""
+    text = DOC.read_text()
+    head = re.search(r"wall time ([\d.]+) min, peak RSS ([\d,]+) MB", text)
+    failed = dict(re.findall(r"^- `([^`]+)`: (\w+):", text, flags=re.M))
+    from vitexport.model.archs import resolve
+
+    rows = []
+    for line in text.split("## Every tag", 1)[1].splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != 6 or not re.match(r"\d", cells[1]):
+            continue
+        tag, depth, size, params, err, sec = cells
+        r = {"tag": tag, "family": family(tag), "module": resolve(tag)[0].module, "depth": int(depth.split()[0]),
+             "full": "(full)" in depth, "input": [int(v) for v in size.split("x")],
+             "params": float(params.rstrip("M")) * 1e6, "seconds": float(sec), "status": failed.get(tag, "ok")}
+        if re.match(r"[\d.]+e", err):
+            r.update(max_abs=float(err), scale=1.0)
+        rows.append(r)
+    return rows, float(head.group(1)) * 60, float(head.group(2).replace(",", ""))
+
+
 def _detail(r: dict) -> str:
     if "max_abs" in r:
         return f"max abs {r['max_abs']:.3g} against max(1, |out|) = {r['scale']:.3g}"
@@ -234,6 +261,8 @@ def main() -> int:
     ap.add_argument("--only", help="a shell pattern of ARCH.TAG names: run those only, print, write no doc")
     ap.add_argument("--module", action="append", help="timm modules to run (eva, beit, ...): those only, print, "
                                                        "write no doc")
+    ap.add_argument("--merge", action="store_true", help="with --only/--module: the doc written again with those "
+                                                         "tags' rows replaced by this run's, the others kept")
     ap.add_argument("--json", type=Path, help="also write every result as JSON")
     a = ap.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -269,6 +298,13 @@ def main() -> int:
     if not a.only and not a.module:
         write_doc(results, wall, rss / 1024, timm.__version__)
         print(f"wrote {DOC}")
+    elif a.merge:
+        kept, doc_wall, doc_rss = doc_results()
+        ran = {r["tag"] for r in results}
+        note = (f" The {len(ran)} tags matching `{a.only or ' '.join(a.module)}` were run again on "
+                f"{time.strftime('%Y-%m-%d')} with `--merge` ({wall / 60:.1f} min, peak RSS {rss / 1024:,.0f} MB).")
+        write_doc([r for r in kept if r["tag"] not in ran] + results, doc_wall, doc_rss, timm.__version__, note)
+        print(f"merged into {DOC}")
     return 0 if ok == len(results) else 1
 
 

@@ -24,7 +24,7 @@ from vitexport.data.images import normalise
 from vitexport.data.preprocess import Preprocess
 from vitexport.errors import VitexportError
 
-WANT = Expected("pixel_values", "logits", (3, 32, 32), 10, (0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
+WANT = Expected("pixel_values", "logits", (3, 32, 32), (10,), (0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
 
 
 def meta(inputs=(("pixel_values", "FP32", [-1, 3, 32, 32]),), outputs=(("logits", "FP32", [-1, 10]),)):

@@ -353,3 +353,77 @@ def test_predict_writes_the_image_embeddings(exported, tmp_path):
     x = preprocess_image(Image.open(PHOTO).convert("RGB"), _inputs.pp)[None]
     assert emb.shape == (1, 32, 8, 8)
     assert np.abs(emb - _embeddings(exported / "model.onnx", x)).max() < 1e-5
+
+
+def _infer(url, model, feeds):
+    """One KServe v2 JSON request: {name: array} in, {name: array} out."""
+    import urllib.request
+
+    body = {"inputs": [{"name": n, "shape": list(v.shape), "datatype": "FP32", "data": v.ravel().tolist()}
+                       for n, v in feeds.items()]}
+    req = urllib.request.Request(f"{url}/v2/models/{model}/infer", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        outs = json.loads(r.read())["outputs"]
+    return {o["name"]: np.asarray(o["data"], np.float32).reshape(o["shape"]) for o in outs}
+
+
+def test_triton_serves_the_encoder_and_the_decoder_beside_it(exported, tmp_path):
+    """`vitexport triton` writes two entries; a real Triton server runs both: the bench's served row is judged by
+    its masks, and a point sent to the served decoder with the served embedding gives ONNX Runtime's masks."""
+    from conftest import copy_export, load_script
+
+    from vitexport.artifacts.folder import ModelFolder
+
+    ts = load_script("triton_server")
+    if why := ts.runnable_here():
+        pytest.skip(why)
+    venv = ts.prepare(quiet=True)
+    folder = ModelFolder(copy_export(exported, tmp_path / "sam"))
+    repo = tmp_path / "repo"
+    r = CliRunner().invoke(cli, ["triton", str(folder.path), "-o", str(repo)])
+    assert r.exit_code == 0, r.output
+    name = folder.read_manifest().variant + "-fp32"
+    assert sorted(p.name for p in repo.iterdir()) == [name, f"{name}-decoder"]
+    dec_config = (repo / f"{name}-decoder" / "config.pbtxt").read_text()
+    assert "max_batch_size: 0" in dec_config and "dims: [ -1, -1, 2 ]" in dec_config  # whole tensors
+    assert f'client.infer("{name}-decoder"' in r.output
+    for entry in repo.iterdir():
+        ts.python_backend(entry)
+    server = ts.start(repo, venv)
+    try:
+        r = CliRunner().invoke(cli, ["bench", str(folder.path), "--backend", "endpoint", "--endpoint", server.http,
+                                     "--max-images", "4", "--batch", "1", "--iterations", "1", "--min-time", "0.05",
+                                     "--warmup", "0", "--concurrency", "1", "--strict", "-q",
+                                     "--json", str(tmp_path / "b.json")])
+        assert r.exit_code == 0, r.output
+        row = next(x for x in json.loads((tmp_path / "b.json").read_text())["results"] if x["backend"] == "endpoint")
+        assert row["parity"]["mask_iou"] > 0.999 and row["parity"]["status"] == "pass"
+        from vitexport.model.heads.sam_decoder import prompts_to_inputs
+
+        x = _inputs(1)
+        emb = _infer(server.http, name, {"pixel_values": x})["image_embeddings"]
+        coords, labels = prompts_to_inputs([(40.0, 60.0, 1), (90.0, 20.0, 0)], (10.0, 10.0, 100.0, 90.0), (1.0, 1.0))
+        feeds = {"image_embeddings": emb, "point_coords": coords[None], "point_labels": labels[None],
+                 "mask_input": np.zeros((1, 1, 32, 32), np.float32), "has_mask_input": np.zeros(1, np.float32)}
+        served = _infer(server.http, f"{name}-decoder", feeds)
+    finally:
+        server.stop()
+    local = session(exported / "decoder.onnx").run(None, {**feeds, "image_embeddings": _embeddings(
+        exported / "model.onnx", x)})
+    assert np.abs(served["masks"] - local[0]).max() < 1e-3 * max(1.0, np.abs(local[0]).max())
+    assert (served["masks"] > 0).mean() not in (0.0, 1.0)  # a mask with an inside and an outside
+    assert np.abs(served["iou_predictions"] - local[1]).max() < 1e-4
+
+
+def test_a_replaced_decoder_graph_is_refused_by_triton_and_predict(exported, tmp_path):
+    from conftest import copy_export
+
+    folder = copy_export(exported, tmp_path / "sam")
+    with open(folder / "decoder.onnx", "ab") as f:
+        f.write(b"\0")
+    fails_cleanly(CliRunner().invoke(cli, ["triton", str(folder), "-o", str(tmp_path / "repo")]),
+                  "decoder.onnx does not match its record")
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())  # neither entry written
+    fails_cleanly(CliRunner().invoke(cli, ["predict", str(folder), str(PHOTO), "--point", "10,10", "--out-dir",
+                                           str(tmp_path / "masks")]), "decoder.onnx does not match its record")

@@ -95,7 +95,7 @@ def _external_data_problem(path: Path) -> str | None:
 
 @dataclass(frozen=True)
 class FileCheck:
-    kind: str  # a folder.ARTIFACTS kind ('fp32', 'fp16', ...) or 'plan:<precision>'
+    kind: str  # a folder.ARTIFACTS kind ('fp32', 'fp16', ...), 'plan:<precision>' or 'decoder'
     path: Path
     status: str  # OK | MISSING | BROKEN | STALE | UNRECORDED
     reason: str = ""  # why it is not ok, a phrase that follows the file name
@@ -155,6 +155,22 @@ def check_onnx(folder: ModelFolder, kind: str, manifest: Manifest | None = None)
     return FileCheck(kind, path, OK, sha256=sha)
 
 
+def check_decoder(folder: ModelFolder, manifest: Manifest | None = None) -> FileCheck:
+    """SAM's decoder graph (`decoder.onnx`) against the manifest's `decoder` record."""
+    manifest = _manifest(folder, manifest)
+    path, remedy = folder.decoder(), "re-export the model with `vitexport onnx` (the same options)"
+    if manifest.decoder is None:
+        return FileCheck("decoder", path, UNRECORDED, f"is not described by {MANIFEST_NAME} (the folder holds no "
+                                                      f"Segment Anything model with its decoder)", remedy=remedy)
+    if not path.is_file():
+        return FileCheck("decoder", path, MISSING, "is missing", remedy=remedy)
+    sha = digest(path)
+    if sha != manifest.decoder.get("sha256"):
+        return FileCheck("decoder", path, BROKEN, f"does not match its record in {MANIFEST_NAME} (its sha256 "
+                                                  f"differs: it was replaced or damaged after the export)", sha, remedy)
+    return FileCheck("decoder", path, OK, sha256=sha)
+
+
 def _check_ir(folder: ModelFolder, kind: str, ir: IrRecord, sha: str, remedy: str) -> FileCheck:
     path, weights, source = folder.onnx(kind), folder.ir_weights(kind), folder.onnx(ir.source)
     if not weights.is_file():
@@ -198,9 +214,10 @@ def check_folder(folder: ModelFolder, manifest: Manifest | None = None) -> list[
 
 
 def require(folder: ModelFolder, kind: str, manifest: Manifest | None = None) -> Path:
-    """The file of `kind` ('fp32', 'fp16', ..., or 'plan:<precision>'), once it verifies; else one sentence."""
+    """The file of `kind` ('fp32', 'fp16', ..., 'plan:<precision>', or SAM's 'decoder'), once it verifies; else one
+    sentence."""
     check = check_plan(folder, kind.split(":", 1)[1]) if kind.startswith("plan:") else \
-        check_onnx(folder, kind, manifest)
+        check_decoder(folder, manifest) if kind == "decoder" else check_onnx(folder, kind, manifest)
     if not check.ok:
         raise VitexportError(check.sentence())
     return check.path

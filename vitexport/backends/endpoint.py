@@ -55,7 +55,7 @@ class Expected:
     input_name: str
     output_name: str
     input_shape: tuple[int, int, int]  # (3, H, W)
-    classes: int  # the output's width
+    output_shape: tuple[int, ...]  # the judged output's shape of one image: (classes,), (C, h, w) for a dense map
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
 
@@ -69,6 +69,10 @@ class Interface:
     output_dtype: str  # 'FP32' | 'FP16'
     max_batch_size: int
     platform: str
+
+
+def _batch_of(shape: tuple[int, ...], n: int | str = "batch") -> str:
+    return f"[{', '.join(map(str, (n, *shape)))}]"
 
 
 def _dims(values) -> list[int]:
@@ -91,13 +95,13 @@ def check_interface(meta: dict, config: dict, want: Expected, where: str) -> Int
                             f"folder's model takes FP32 (or UINT8 pixels) and gives FP32 or FP16.")
     max_batch = int(config.get("max_batch_size", 0) or 0)
     in_shape, out_shape = _dims(inp.get("shape") or []), _dims(out.get("shape") or [])
-    want_in, want_out = [*want.input_shape], [want.classes]
+    want_in, want_out = [*want.input_shape], [*want.output_shape]
     batched = max_batch > 0
     body_in, body_out = (in_shape[1:], out_shape[1:]) if batched or len(in_shape) == 4 else (in_shape, out_shape)
     if body_in != want_in or body_out != want_out or len(in_shape) != 4:
         raise EndpointError(f"{where} takes {inp.get('name')} of shape {in_shape} and gives {out.get('name')} of "
                             f"shape {out_shape}; this model folder's model takes [batch, {', '.join(map(str, want_in))}]"
-                            f" and gives [batch, {want.classes}].")
+                            f" and gives {_batch_of(want.output_shape)}.")
     fixed = in_shape[0]
     batch_range = (1, max_batch) if batched else (None if fixed < 0 else (fixed, fixed))
     return Interface(batch_range, inp["datatype"], out["datatype"], max_batch,
@@ -273,7 +277,7 @@ class EndpointRunner(Runner):
         if self._shm is None:
             result = await self._client.infer(self.model, [tensor], self.version, outputs=[wanted])
             return self._checked(result.as_numpy(self.want.output_name), n)
-        region = await self._shm.take_output(n * self.want.classes * 4)
+        region = await self._shm.take_output(n * int(np.prod(self.want.output_shape)) * 4)
         try:
             wanted.set_shared_memory(*region)
             result = await self._client.infer(self.model, [tensor], self.version, outputs=[wanted])
@@ -283,18 +287,18 @@ class EndpointRunner(Runner):
                 shape, dtype = tuple(int(d) for d in told.get("shape", ())), told.get("datatype")
             else:
                 shape, dtype = tuple(int(d) for d in told.shape), told.datatype
-            if shape != (n, self.want.classes) or dtype not in ("FP32", "FP16"):
+            if shape != (n, *self.want.output_shape) or dtype not in ("FP32", "FP16"):
                 raise EndpointError(f"{self.where} answered a batch of {n} with {self.want.output_name} of shape "
-                                    f"{list(shape)} and type {dtype}, not [{n}, {self.want.classes}] float.")
+                                    f"{list(shape)} and type {dtype}, not {_batch_of(self.want.output_shape, n)} float.")
             return self._shm.read(region[0], np.dtype(np.float32 if dtype == "FP32" else np.float16), shape)
         finally:
             self._shm.give_back(region)
 
     def _checked(self, out: np.ndarray | None, n: int) -> np.ndarray:
-        if out is None or out.shape != (n, self.want.classes) or out.dtype not in (np.float32, np.float16):
+        if out is None or out.shape != (n, *self.want.output_shape) or out.dtype not in (np.float32, np.float16):
             shape, dtype = (None, None) if out is None else (list(out.shape), out.dtype)
             raise EndpointError(f"{self.where} answered a batch of {n} with {self.want.output_name} of shape {shape} "
-                                f"and type {dtype}, not [{n}, {self.want.classes}] float.")
+                                f"and type {dtype}, not {_batch_of(self.want.output_shape, n)} float.")
         return out
 
     def run(self, staged: Any) -> np.ndarray:

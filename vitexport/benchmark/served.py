@@ -35,7 +35,11 @@ class EndpointOptions:
 def expected(manifest: Manifest) -> Expected:
     h, w = manifest.img_size
     pp = manifest.preprocess
-    return Expected(manifest.input_name, manifest.output_name, (3, int(h), int(w)), int(manifest.num_classes),
+    out = manifest.output_shape_of(manifest.output_name)[1:]
+    if not all(isinstance(d, int) for d in out):  # a dynamic-size map: its size is the images'
+        raise VitexportError(f"A served model is benched at one size; this folder's {manifest.output_name} has the "
+                             f"sizes {out} (a dynamic-size export).")
+    return Expected(manifest.input_name, manifest.output_name, (3, int(h), int(w)), tuple(out),
                     tuple(pp.mean), tuple(pp.std))
 
 

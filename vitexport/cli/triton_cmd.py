@@ -53,5 +53,7 @@ def triton_command(repo, target, opts, spec, log):
 
     folder = open_model(target, spec, log=log)
     result = write_triton(folder, repo, opts, log=log)
-    click.echo(f"Triton model: {result.folder.path} ({result.platform}, max_batch_size {result.max_batch_size})")
+    for entry in (result, result.decoder):
+        if entry is not None:
+            click.echo(f"Triton model: {entry.folder.path} ({entry.platform}, max_batch_size {entry.max_batch_size})")
     click.echo(serve_instructions(result, folder))

@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..artifacts.folder import ModelFolder
+from ..artifacts.verify import require
 from ..errors import VitexportError
 from ..paths import display_path
 from ..progress import QUIET, Log
@@ -108,9 +109,7 @@ def iter_masks(folder: ModelFolder, images: Sequence[Path | str], out: Path,
     if not points and box is None:
         raise VitexportError("Give SAM a prompt: --point X,Y[,LABEL] (repeatable) and/or --box X0,Y0,X1,Y1.")
     dense = manifest.dense or {}
-    decoder_path = folder.decoder()
-    if not decoder_path.is_file():
-        raise VitexportError(f"{display_path(decoder_path)} is missing: re-export the model (`vitexport onnx`).")
+    decoder_path = require(folder, "decoder", manifest)
     files = collect_images(images)
     stems = _stems(files)
     refuse_existing(out, stems, ["mask.png", "mask.overlay.png"] + [f"mask.{k}.png" for k in range(4)])

@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -67,6 +67,7 @@ class TritonModel:
     outputs: list[TensorConfig]
     source: Path  # the model file copied in
     config_text: str  # config.pbtxt
+    decoder: TritonModel | None = None  # Segment Anything: the decoder graph's entry, REPO/NAME-decoder
 
 
 # -- the model's interface ---------------------------------------------------------------------------------------
@@ -261,7 +262,9 @@ def _swap_in(staging: Path, target: Path) -> None:
 
 
 def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log: Log = QUIET) -> TritonModel:
-    """Write REPO/NAME for the model in `folder` (see the module's docstring)."""
+    """Write REPO/NAME for the model in `folder` (see the module's docstring); a Segment Anything folder's decoder
+    graph goes beside it as REPO/NAME-decoder (ONNX, FP32: the client calls the encoder once an image, then the
+    decoder once a prompt). Every entry is staged before any is renamed into place."""
     if opts.format not in FORMATS:
         raise VitexportError(f"Unknown format {opts.format!r}; choose one of: {', '.join(FORMATS)}.")
     if opts.instances < 1 or (opts.max_batch is not None and opts.max_batch < 1):
@@ -272,36 +275,65 @@ def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log
     repo = Path(repo)
     name = _check_name(opts.name or f"{manifest.variant}-{opts.precision}" + ("-plan" if opts.format == "plan" else "")
                        + ("-uint8" if opts.uint8_input else ""))
-    target = TritonModelFolder(repo / name)
     if repo.exists() and not repo.is_dir():
         raise VitexportError(f"{repo} exists and is not a folder.")
     model, describing, plan_max = (_plan_source if opts.format == "plan" else _onnx_source)(folder, opts, log)
     repo.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[TritonModelFolder, TritonModel]] = []
+    try:
+        staged.append(_stage_entry(folder, repo / name, opts, model, describing, plan_max,
+                                   f"plan:{opts.precision}" if opts.format == "plan" else opts.precision, log))
+        if manifest.decoder is not None:
+            decoder = folder.decoder()
+            dec_opts = replace(opts, format="onnx", uint8_input=False)
+            staged.append(_stage_entry(folder, repo / f"{name}-decoder", dec_opts, decoder, decoder, None, "decoder",
+                                       log))
+        for staging, entry in staged:
+            _swap_in(staging.path, entry.folder.path)
+    finally:
+        for staging, _ in staged:
+            shutil.rmtree(staging.path, ignore_errors=True)
+    for _, entry in staged:
+        log.info(f"Wrote {entry.folder.path} ({entry.platform}, max batch {entry.max_batch_size}).")
+    result = staged[0][1]
+    result.decoder = staged[1][1] if len(staged) > 1 else None
+    return result
+
+
+def _stage_entry(folder: ModelFolder, path: Path, opts: TritonOptions, model: Path, describing: Path,
+                 plan_max: int | None, kind: str, log: Log) -> tuple[TritonModelFolder, TritonModel]:
+    """REPO/NAME staged in a folder beside it (removed again when anything fails): the model file of `kind`, once
+    it verifies, its config and labels; the staging folder and the entry as it will be."""
+    target = TritonModelFolder(path)
+    manifest = folder.read_manifest()
     with _writing(target.path):
-        staging = TritonModelFolder(tempfile.mkdtemp(prefix=f".{name}.", suffix=".staging", dir=repo))
+        staging = TritonModelFolder(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".staging", dir=path.parent))
     try:
         with reading(folder, log):  # no other run replaces the file between its check and its copy
-            require(folder, f"plan:{opts.precision}" if opts.format == "plan" else opts.precision)
+            require(folder, kind, manifest)
             staged = _stage_model(staging, target, opts, model, manifest.preprocess)
         _check_existing(target, sha256_file(staged), opts.force)
         inputs, outputs, batched = graph_io(staged if opts.format == "onnx" else describing)
+        if kind == "decoder":  # whole tensors, as SAM's own graph takes them (has_mask_input (B,) has no dims but
+            # the batch, and requests of other point counts are never batched together anyway)
+            inputs, outputs = ([replace(t, dims=[-1, *t.dims]) for t in ts] for ts in (inputs, outputs))
+            batched = False
         # a graph with a fixed batch axis gets max_batch_size 0: Triton passes whole tensors through
         max_batch = (opts.max_batch or plan_max or DEFAULT_MAX_BATCH) if batched else 0
-        labels = class_names(manifest)
+        labels = class_names(manifest) if kind != "decoder" else []
         label_output = next((o.name for o in outputs if batched and o.dims == [len(labels)]), None)
-        kind = "KIND_GPU" if opts.format == "plan" else "KIND_AUTO"
-        config = render_config(name, FORMATS[opts.format], max_batch, inputs, outputs, opts.instances, kind,
-                               label_output if labels else None)
+        kind_of_device = "KIND_GPU" if opts.format == "plan" else "KIND_AUTO"
+        config = render_config(path.name, FORMATS[opts.format], max_batch, inputs, outputs, opts.instances,
+                               kind_of_device, label_output if labels else None)
         if labels and label_output:
             with _writing(target.labels, staging.path):
                 staging.labels.write_text("\n".join(labels) + "\n")
         with _writing(target.config, staging.path):
             staging.config.write_text(config)
-        _swap_in(staging.path, target.path)
-    finally:
+    except BaseException:
         shutil.rmtree(staging.path, ignore_errors=True)
-    log.info(f"Wrote {target.path} ({FORMATS[opts.format]}, max batch {max_batch}).")
-    return TritonModel(target, FORMATS[opts.format], max_batch, inputs, outputs, model, config)
+        raise
+    return staging, TritonModel(target, FORMATS[opts.format], max_batch, inputs, outputs, model, config)
 
 
 def serve_instructions(result: TritonModel, folder: ModelFolder) -> str:
@@ -333,4 +365,27 @@ Ask it about one image (pip install tritonclient[http]; the preprocessing is the
   pixels.set_data_from_numpy(x)
   {asked}
   print(client.infer("{result.folder.name}", [pixels], outputs=[{var}]).as_numpy("{out.name}"){shown})
-  EOF"""
+{_decoder_request(result, folder)}  EOF"""
+
+
+def _decoder_request(result: TritonModel, folder: ModelFolder) -> str:
+    """Segment Anything: the lines that send the image's embedding and one point to the decoder's entry."""
+    if result.decoder is None:
+        return ""
+    dense = folder.read_manifest().dense or {}
+    dec, side, mask = result.decoder.folder.name, int(dense["image_size"]), 4 * int(dense["embedding_size"])
+    return f"""  # the image's embedding once, then any number of prompts (here a foreground point at x=100, y=200)
+  from vitexport.model.heads.sam_decoder import prompts_to_inputs
+  emb = client.infer("{result.folder.name}", [pixels]).as_numpy("{result.outputs[0].name}")
+  w, h = Image.open("IMAGE.jpg").size
+  coords, labels = prompts_to_inputs([(100, 200, 1)], None, ({side} / max(w, h),) * 2)
+  feeds = {{"image_embeddings": emb, "point_coords": coords[None], "point_labels": labels[None],
+           "mask_input": np.zeros((1, 1, {mask}, {mask}), np.float32),
+           "has_mask_input": np.zeros(1, np.float32)}}
+  inputs = []
+  for n, v in feeds.items():
+      inputs.append(tc.InferInput(n, list(v.shape), "FP32"))
+      inputs[-1].set_data_from_numpy(v)
+  answer = client.infer("{dec}", inputs)
+  print(answer.as_numpy("masks").shape, answer.as_numpy("iou_predictions"))  # 4 masks ({mask}x{mask} logits), scores
+"""
