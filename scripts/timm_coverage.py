@@ -121,8 +121,9 @@ def run_tag(tag: str, depth: int | None, work: Path) -> dict:
     lay_out_repo(cache, tag, model)
     h, w = model.pretrained_cfg["input_size"][1:]
     x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want = model(x).numpy()
+    sam = resolve(tag)[0].module == "vision_transformer_sam"
+    with torch.no_grad():  # SAM's export writes the image embedding (forward_features), not timm's pooled head
+        want = (model.forward_features(x) if sam else model(x)).numpy()
     result = {"tag": tag, "family": family(tag), "module": resolve(tag)[0].module, "depth": len(model.blocks),
               "input": [h, w],
               "params": sum(p.numel() for p in model.parameters())}
@@ -159,7 +160,10 @@ def full_depth_tags(tags: list[str]) -> set[str]:
     return {t for _, t in best.values()}
 
 
-def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str, note: str = "") -> None:
+def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str, note: str = "",
+              cpu: str | None = None, kept_lines: dict[str, str] | None = None) -> None:
+    """kept_lines: the family table's lines to keep as they are (--merge: the families it did not run again, whose
+    worst figure the every-tag table holds to two digits only)."""
     import onnxruntime
     import torch
 
@@ -175,7 +179,8 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
         "built by timm with random "
         "weights (moved off their init), laid out as timm's hub repositories are, exported by vitexport **by name** "
         "(`-m ARCH.TAG`, offline) with its own ONNX Runtime check, and the written ONNX file was run by ONNX Runtime "
-        "(CPU) against timm's PyTorch output on the same two random images. A tag passes when max abs <= "
+        "(CPU) against timm's PyTorch output on the same two random images (for SAM, timm's `forward_features`: the "
+        "image embedding its export writes). A tag passes when max abs <= "
         f"{TOLERANCE:g} x max(1, |timm output|).",
         "",
         "Depth is cut to 2 blocks (every option is per block), except for the smallest architecture of each family, "
@@ -184,7 +189,7 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
         f"**{len(ok)} of {len(results)} tags pass ({100 * len(ok) / max(1, len(results)):.1f} %).** "
         f"timm {timm_version}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; "
         f"wall time {wall / 60:.1f} min, peak RSS {rss_mb:,.0f} MB (this process and its children), "
-        f"on {_cpu()}.{note}",
+        f"on {cpu or _cpu()}.{note}",
         "",
         "| timm modules | tags | pass | share |",
         "| --- | ---: | ---: | ---: |",
@@ -203,6 +208,9 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
         worst = max((r["max_abs"] / r["scale"] for r in passed), default=float("nan"))
         full = next((r for r in rs if r.get("full")), None)
         desc = f"{full['tag']} (depth {full['depth']})" if full else "-"
+        if f in (kept_lines or {}):
+            lines.append((kept_lines or {})[f])
+            continue
         lines.append(f"| {f} | {len(rs)} | {len(passed)} | {worst:.2e} | {desc} | "
                      f"{full['seconds'] if full else '-'} |")
     bad = [r for r in results if r["status"] != "ok"]
@@ -217,11 +225,14 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
     DOC.write_text("\n".join(lines) + "\n")
 
 
-def doc_results() -> tuple[list[dict], float, float]:
+def doc_results() -> tuple[list[dict], float, float, str, dict[str, str]]:
     """The results the doc records (its every-tag table and the statuses of the tags that did not pass), with its
-    wall time (s) and peak RSS (MB): what --merge keeps of the rows it does not run again."""
+    wall time (s), peak RSS (MB), CPU and family table lines: what --merge keeps of the rows it does not run again."""
     text = DOC.read_text()
-    head = re.search(r"wall time ([\d.]+) min, peak RSS ([\d,]+) MB", text)
+    head = re.search(r"wall time ([\d.]+) min, peak RSS ([\d,]+) MB \(this process and its children\), on ([^.]+)\.",
+                     text)
+    families = {line.split("|")[1].strip(): line for line in text.split("| family |", 1)[1].split("\n\n")[0]
+                .splitlines()[2:]}
     failed = dict(re.findall(r"^- `([^`]+)`: (\w+):", text, flags=re.M))
     from vitexport.model.archs import resolve
 
@@ -237,7 +248,7 @@ def doc_results() -> tuple[list[dict], float, float]:
         if re.match(r"[\d.]+e", err):
             r.update(max_abs=float(err), scale=1.0)
         rows.append(r)
-    return rows, float(head.group(1)) * 60, float(head.group(2).replace(",", ""))
+    return rows, float(head.group(1)) * 60, float(head.group(2).replace(",", "")), head.group(3), families
 
 
 def _detail(r: dict) -> str:
@@ -299,11 +310,14 @@ def main() -> int:
         write_doc(results, wall, rss / 1024, timm.__version__)
         print(f"wrote {DOC}")
     elif a.merge:
-        kept, doc_wall, doc_rss = doc_results()
+        kept, doc_wall, doc_rss, cpu, lines = doc_results()
         ran = {r["tag"] for r in results}
+        lines = {f: line for f, line in lines.items() if f not in {r["family"] for r in results}}
         note = (f" The {len(ran)} tags matching `{a.only or ' '.join(a.module)}` were run again on "
-                f"{time.strftime('%Y-%m-%d')} with `--merge` ({wall / 60:.1f} min, peak RSS {rss / 1024:,.0f} MB).")
-        write_doc([r for r in kept if r["tag"] not in ran] + results, doc_wall, doc_rss, timm.__version__, note)
+                f"{time.strftime('%Y-%m-%d')} with `--merge` ({wall / 60:.1f} min, peak RSS {rss / 1024:,.0f} MB, on "
+                f"{_cpu()}).")
+        write_doc([r for r in kept if r["tag"] not in ran] + results, doc_wall, doc_rss, timm.__version__, note, cpu,
+                  lines)
         print(f"merged into {DOC}")
     return 0 if ok == len(results) else 1
 

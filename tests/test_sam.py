@@ -427,3 +427,99 @@ def test_a_replaced_decoder_graph_is_refused_by_triton_and_predict(exported, tmp
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())  # neither entry written
     fails_cleanly(CliRunner().invoke(cli, ["predict", str(folder), str(PHOTO), "--point", "10,10", "--out-dir",
                                            str(tmp_path / "masks")]), "decoder.onnx does not match its record")
+
+
+# -- against ground-truth objects -------------------------------------------------------------------------------------
+
+def test_the_interior_point_lies_inside_rings_and_crescents():
+    from vitexport.parity.masks import interior_point, truth_objects
+
+    yy, xx = np.mgrid[:120, :160]
+    ring = ((yy - 60) ** 2 + (xx - 80) ** 2 < 50 ** 2) & ((yy - 60) ** 2 + (xx - 80) ** 2 > 30 ** 2)
+    crescent = ((yy - 60) ** 2 + (xx - 80) ** 2 < 50 ** 2) & ((yy - 60) ** 2 + (xx - 100) ** 2 > 45 ** 2)
+    for obj in (ring, crescent):
+        x, y = interior_point(obj)
+        assert obj[y, x] and obj[max(y - 5, 0):y + 6, max(x - 5, 0):x + 6].all()  # well inside, not on an edge
+    square = np.zeros((50, 70), bool)
+    square[10:31, 30:51] = True  # side 21, centre (40, 20)
+    assert interior_point(square) == (40, 20)
+    gt = np.zeros((50, 70), np.int64)
+    gt[square], gt[40:45, 2:8], gt[0:3] = 7, 3, 255
+    objs = truth_objects(gt)
+    assert [int(gt[o[1][1], o[1][0]]) for o in objs] == [7, 3]  # largest first, 255 and 0 no object
+    assert objs[0][2] == (30, 10, 50, 30) and objs[1][2] == (2, 40, 7, 44)
+
+
+def _squares(size, seed):
+    """A truth map of an image (w, h): three squares of odd sides (an erosion leaves their centres) numbered 1, 2,
+    5, and a band of rows ignored (255)."""
+    w, h = size
+    rng = np.random.default_rng(seed)
+    gt = np.zeros((h, w), np.uint8)
+    squares = []
+    for v, part in ((1, 3), (2, 5), (5, 9)):
+        half = min(w, h) // part
+        cx, cy = int(rng.integers(half + 1, w - half - 1)), int(rng.integers(half + 1, h - half - 1))
+        gt[cy - half:cy + half + 1, cx - half:cx + half + 1] = v
+    for v in (1, 2, 5):
+        ys, xs = np.nonzero(gt == v)
+        squares.append((v, ((xs.min() + xs.max()) // 2, (ys.min() + ys.max()) // 2),
+                        (xs.min(), ys.min(), xs.max(), ys.max())))
+    gt[h - 6:] = 255
+    return gt, squares
+
+
+def test_the_bench_judges_sam_against_ground_truth_objects_as_transformers_segments_them(exported, tmp_path):
+    """Photos with object maps beside them: each object's point (its centre) and box prompts through transformers'
+    SamModel (the same pixels, SamProcessor's prompts and post_process_masks, the mask SAM's ONNX script picks)
+    give the reference's IoU against the objects the bench reports; the same graph as a row differs by 0."""
+    data = tmp_path / "data"
+    data.mkdir()
+    files = sorted((ROOT / "calibration" / "photos" / "holdout").iterdir())[:3]
+    truths = {}
+    for i, f in enumerate(files):
+        (data / f.name).write_bytes(f.read_bytes())
+        with Image.open(f) as img:
+            gt, squares = _squares(img.size, i)
+        Image.fromarray(gt).save(data / f"{f.stem}.mask.png")
+        truths[f.name] = (gt, squares)
+    r = CliRunner().invoke(cli, ["bench", str(exported), "--backend", "onnxruntime cpu fp32", "--batch", "1",
+                                 "--data", str(data), "--strict", "--no-prepare", "--json", str(tmp_path / "b.json")])
+    assert r.exit_code == 0, r.output
+    assert "IoU of an object's point prompt" in " ".join(r.output.split())
+    row = next(x for x in json.loads((tmp_path / "b.json").read_text())["results"]
+               if x["name"] == "onnxruntime cpu fp32")
+    truth = row["parity"]["truth"]
+    assert truth["n"] == 3
+
+    saved = exported.parent / "saved"
+    hf = transformers.SamModel.from_pretrained(saved).eval()
+    proc = transformers.SamProcessor(transformers.SamImageProcessor.from_pretrained(saved))
+    want = {"point_iou": [], "box_iou": []}
+    for name, (gt, squares) in truths.items():
+        keep = gt != 255
+        with Image.open(data / name) as img:
+            img = img.convert("RGB")
+            pixels = torch.from_numpy(preprocess_image(img, _inputs.pp)[None])
+            per = {"point_iou": [], "box_iou": []}
+            for v, (x, y), box in squares:
+                for key, kw in (("point_iou", dict(input_points=[[[[x, y]]]], input_labels=[[[1]]])),
+                                ("box_iou", dict(input_boxes=[[list(map(float, box))]]))):
+                    inputs = proc(images=img, return_tensors="pt", **kw)
+                    inputs["pixel_values"] = pixels
+                    with torch.no_grad():
+                        res = hf(**{k: t for k, t in inputs.items()
+                                    if k not in ("original_sizes", "reshaped_input_sizes")}, multimask_output=True)
+                    masks = proc.post_process_masks(res.pred_masks, inputs["original_sizes"],
+                                                    inputs["reshaped_input_sizes"])[0][0].numpy()
+                    chosen = masks[int(res.iou_scores[0, 0].argmax())]  # one point or a box: the best-scored
+                    obj = gt == v
+                    inter, union = (chosen & obj & keep).sum(), ((chosen | obj) & keep).sum()
+                    per[key].append(inter / union if union else 1.0)
+        for key in want:
+            want[key].append(np.mean(per[key]))
+    for key in want:
+        # 7e-4 apart for the points (the float rounding of a point's scaling); a point moved by 6 pixels: 2e-3
+        assert abs(truth[key]["reference"] - np.mean(want[key])) < 1.5e-3, (key, truth[key], want[key])
+        assert abs(truth[key]["diff"]) < 0.01 and truth[key]["diff_ci"][0] <= truth[key]["diff"]
+        assert 0.0 < truth[key]["reference"] < 1.0  # random weights: neither every pixel nor none

@@ -20,9 +20,9 @@ def _drop(ci: list[float] | None) -> str:
 def dense_text(st) -> str:
     """A dense output's task figures: 'AbsRel 0.0123 [0.0101, 0.0145], delta1 99.91% [99.8%, 100.0%]'."""
     if st.dense == "masks":
-        return (f"mask IoU {_pct(st.mask_iou, st.mask_iou_ci)} (per image, the mean over its prompts; mean over "
+        text = (f"mask IoU {_pct(st.mask_iou, st.mask_iou_ci)} (per image, the mean over its prompts; mean over "
                 f"{st.n:,} images, 95% interval), worst prompt {st.mask_iou_min:.2%}")
-    if st.dense == "depth":
+    elif st.dense == "depth":
         text = (f"AbsRel {st.absrel:.4f} [{st.absrel_ci[0]:.4f}, {st.absrel_ci[1]:.4f}], delta1 "
                 f"{_pct(st.delta1, st.delta1_ci)} (per image, mean over {st.n:,} images, 95% intervals)")
     else:
@@ -31,7 +31,8 @@ def dense_text(st) -> str:
     return text + ("" if not st.truth else "; " + truth_text(st.truth))
 
 
-TRUTH_NAMES = {"absrel": "AbsRel", "delta1": "delta1", "miou": "mIoU", "pixel_acc": "pixel accuracy"}
+TRUTH_NAMES = {"absrel": "AbsRel", "delta1": "delta1", "miou": "mIoU", "pixel_acc": "pixel accuracy",
+               "point_iou": "IoU of an object's point prompt", "box_iou": "IoU of its box prompt"}
 
 
 def truth_text(truth: dict) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..artifacts.folder import ModelFolder
 from ..errors import VitexportError
+from ..parity.dense import resize_maps
 from ..paths import atomic_path, display_path
 from ..progress import QUIET, Log
 
@@ -62,15 +63,6 @@ def palette(classes: int) -> np.ndarray:
             v >>= 3
         out[c] = (r, g, b)
     return out
-
-
-def resize_maps(maps: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
-    """(C, h, w) float maps -> (C, H, W) at the image's size, as transformers' processors resize them."""
-    import torch
-    import torch.nn.functional as F
-
-    t = torch.from_numpy(np.ascontiguousarray(maps, np.float32))[None]
-    return F.interpolate(t, size=size, mode=mode, align_corners=False)[0].numpy()
 
 
 def _save_png(img, path: Path) -> None:

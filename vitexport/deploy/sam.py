@@ -25,7 +25,8 @@ from ..artifacts.verify import require
 from ..errors import VitexportError
 from ..paths import display_path
 from ..progress import QUIET, Log
-from .dense import _save_png, _stems, refuse_existing, resize_maps
+from ..parity.masks import postprocess_masks
+from .dense import _save_png, _stems, refuse_existing
 
 
 @dataclass
@@ -64,14 +65,6 @@ def parse_box(text: str) -> tuple[float, float, float, float]:
     except ValueError:
         raise VitexportError(f"--box {text!r} is not X0,Y0,X1,Y1 (pixels of the image).") from None
     return min(v[0], v[2]), min(v[1], v[3]), max(v[0], v[2]), max(v[1], v[3])
-
-
-def postprocess(low: np.ndarray, image_size: int, resized: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
-    """Low-resolution logits (M, s, s) -> masks (M, H, W) at the image's size, as SamProcessor.post_process_masks:
-    bilinear to the input frame, the padding cut off (resized: (h, w) of the image in the frame), bilinear to the
-    image's (H, W), above 0."""
-    frame = resize_maps(low, (image_size, image_size), "bilinear")[:, :resized[0], :resized[1]]
-    return resize_maps(frame, size, "bilinear") > 0
 
 
 def _overlay(img, mask: np.ndarray, points, box, path: Path) -> None:
@@ -129,7 +122,7 @@ def iter_masks(folder: ModelFolder, images: Sequence[Path | str], out: Path,
                     "image_embeddings": e[None].astype(np.float32), "point_coords": coords[None],
                     "point_labels": labels[None], "mask_input": np.zeros((1, 1, s, s), np.float32),
                     "has_mask_input": np.zeros(1, np.float32)})
-                full = postprocess(masks[0], side, (min(nh, side), min(nw, side)), (h, w))
+                full = postprocess_masks(masks[0], side, (min(nh, side), min(nw, side)), (h, w))
                 k = select_mask(iou[0], len(labels))
                 written = {}
                 for j, m in enumerate(full):

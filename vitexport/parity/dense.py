@@ -92,12 +92,13 @@ def figures(kind: str, ref: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, ..
 TRUTH_FIGURES = {"depth": ("absrel", "delta1"), "segmentation": ("pixel_acc", "miou")}
 
 
-def _resize(maps: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
+def resize_maps(maps: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
+    """(C, h, w) float maps -> (C, H, W) at the image's size, as transformers' processors resize them."""
     import torch
     import torch.nn.functional as F
 
     t = torch.from_numpy(np.ascontiguousarray(maps, np.float32))[None]
-    return F.interpolate(t, size=size, mode=mode, align_corners=False)[0].numpy().astype(np.float64)
+    return F.interpolate(t, size=size, mode=mode, align_corners=False)[0].numpy()
 
 
 def scale_shift_depth(pred: np.ndarray, gt: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -112,7 +113,7 @@ def scale_shift_depth(pred: np.ndarray, gt: np.ndarray, valid: np.ndarray) -> np
 
 def depth_truth_figures(pred: np.ndarray, gt: np.ndarray, relative: bool) -> tuple[float, float]:
     """(AbsRel, delta1) of one (h, w) depth output against its (H, W) truth (0: no value)."""
-    depth = _resize(pred[None], gt.shape, "bicubic")[0]
+    depth = resize_maps(pred[None], gt.shape, "bicubic")[0].astype(np.float64)
     valid = gt > 0
     if not valid.any():
         return float("nan"), float("nan")
@@ -128,7 +129,7 @@ def segmentation_truth_figures(logits: np.ndarray, mask: np.ndarray, ignore: int
     """One (C, h, w) logits map against its (H, W) class-index truth: (pixel accuracy, the C classes' intersections,
     unions) over the pixels the truth does not ignore (a truth class the model does not have counts against the
     class predicted there)."""
-    pred = _resize(logits, mask.shape, "bilinear").argmax(0).ravel()
+    pred = resize_maps(logits, mask.shape, "bilinear").argmax(0).ravel()
     truth = mask.ravel()
     keep = truth != ignore
     classes = logits.shape[0]

@@ -19,6 +19,10 @@ from .dense import IGNORE_INDEX, bootstrap_miou, depth_truth_figures, figures, s
 from .stats import mean_interval
 
 
+# the per-image figures against the truth, each with its interval and the paired difference to the reference
+TRUTH_SINGLES = {"depth": ("absrel", "delta1"), "segmentation": ("pixel_acc",), "masks": ("point_iou", "box_iou")}
+
+
 class DenseAccumulator:
     def __init__(self, kind: str, n: int, read_truth: Callable[[int], np.ndarray | None] | None = None,
                  relative_depth: bool = True, image_part: Callable | None = None,
@@ -40,6 +44,11 @@ class DenseAccumulator:
                 raise ValueError("SAM's mask figures need the decoder graph")
             iou = compare_masks(self.masks, ref, out.astype(np.float32))  # (B, prompts)
             self.first[s], self.second[s] = iou.mean(axis=1), iou.min(axis=1)
+            for i in range(len(ref) if self.read_truth is not None else 0):
+                if (gt := self.read_truth(start + i)) is not None:  # type: ignore[misc]
+                    for who, x in (("ref", ref[i]), ("out", out[i])):
+                        for k, v in (self.masks.against_truth(x, gt) or {}).items():
+                            self._slot(f"{who}_{k}", ())[start + i] = v
             return
         got = figures(self.kind, ref, out)
         self.first[s] = got[0]
@@ -80,8 +89,7 @@ class DenseAccumulator:
             m, lo, hi = mean_interval(self.first) if finite else (float("nan"),) * 3
             st.mask_iou, st.mask_iou_ci = m, [max(lo, 0.0), min(hi, 1.0)]
             st.mask_iou_min = float(self.second.min()) if finite else float("nan")
-            return
-        if self.kind == "depth":
+        elif self.kind == "depth":
             for name, v in (("absrel", self.first), ("delta1", self.second)):
                 m, lo, hi = mean_interval(v) if finite else (float("nan"),) * 3
                 setattr(st, name, m)  # a share stays within [0, 1], an error above 0
@@ -98,13 +106,14 @@ class DenseAccumulator:
     def _truth_figures(self) -> dict | None:
         """Over the images with ground truth: the candidate's figure with its 95 % interval, the reference's, and the
         paired difference (candidate - reference) with its interval."""
-        key = "ref_absrel" if self.kind == "depth" else "ref_pixel_acc"
+        key = f"ref_{TRUTH_SINGLES[self.kind][0]}"
+        if key not in self.truth:  # every image's truth held no object
+            return None
         has = np.isfinite(self.truth[key])
         if not has.any():
             return None
         out: dict = {"n": int(has.sum())}
-        singles = ("absrel", "delta1") if self.kind == "depth" else ("pixel_acc",)
-        for k in singles:
+        for k in TRUTH_SINGLES[self.kind]:
             ref, cand = self.truth[f"ref_{k}"][has], self.truth[f"out_{k}"][has]
             m, lo, hi = mean_interval(cand)
             d, dlo, dhi = mean_interval(cand - ref)

@@ -169,19 +169,21 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
         from .sam_masks import PromptedMasks
 
         assert dense is not None
-        vset.masks = PromptedMasks(dense["decoder_onnx"], dense["image_size"], 4 * dense["embedding_size"])
+        vset.masks = PromptedMasks(dense["decoder_onnx"], dense["image_size"], 4 * dense["embedding_size"], pp)
         log.info(f"SAM's embeddings are judged by their masks: {len(PROMPTS)} fixed prompts an image through "
                  f"{Path(dense['decoder_onnx']).name}, IoU against the reference's.")
-        return vset
     if task is not None and not images.npy:
         from ..data.dense_truth import truth_for
 
-        found = [truth_for(images.files[i], task) for i in inputs.kept]  # the images the cache holds, in order
+        # the images the cache holds, in order; SAM's truth is a map of objects in the segmentation's file
+        found = [truth_for(images.files[i], "segmentation" if task == "masks" else task) for i in inputs.kept]
         if any(p is not None for p in found):
             vset.dense_truth, vset.depth_scale = found, depth_scale
             vset.relative_depth = dense.get("depth_type") != "metric"
+            what = {"depth": "depth maps", "segmentation": "class masks",
+                    "masks": "object masks: each object prompted by a point and by its box"}[task]
             log.info(f"Ground truth for {sum(p is not None for p in found):,} of {len(found):,} images "
-                     f"({'depth maps' if task == 'depth' else 'class masks'} beside them).")
+                     f"({what} beside them).")
     return vset
 
 

@@ -1,5 +1,6 @@
 """SAM's decoder graph (`decoder.onnx`, FP32, ONNX Runtime) run with parity.masks' fixed prompts on image
-embeddings: what a SAM model's checks judge its embeddings through (parity.masks.compare_masks)."""
+embeddings: what a SAM model's checks judge its embeddings through (parity.masks.compare_masks); and with the
+prompts of a ground-truth map's objects (parity.masks.truth_objects), judged against them."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.preprocess import Preprocess
 from ..errors import VitexportError
-from ..parity.masks import PROMPTS
+from ..parity.masks import PROMPTS, postprocess_masks, truth_iou, truth_objects
+
+TRUTH_CHUNK = 8  # objects decoded a call (the embedding is repeated for each)
 
 
 class PromptedMasks:
     """The decoder graph run on image embeddings with the fixed prompts."""
 
-    def __init__(self, decoder_onnx: Path | str, image_size: int, mask_size: int) -> None:
+    def __init__(self, decoder_onnx: Path | str, image_size: int, mask_size: int,
+                 pp: Preprocess | None = None) -> None:
         from ..backends.ort_session import create_session
         from ..model.heads.sam_decoder import prompts_to_inputs, select_mask
 
@@ -22,7 +27,8 @@ class PromptedMasks:
             raise VitexportError(f"{decoder_onnx} is missing: SAM's masks need the decoder graph the export wrote "
                                  f"beside the encoder; re-export the model.")
         self.session = create_session(decoder_onnx, threads=None)
-        self.mask_size = mask_size
+        self.mask_size, self.image_size, self.pp = mask_size, image_size, pp  # pp: where an image lies in the frame
+        self.prompts_to_inputs = prompts_to_inputs
         self.select = select_mask  # (scores (M,), rows) -> the mask SAM's export script picks
         self.groups: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}  # rows -> [(prompt, coords, labels)]
         for i, (points, box) in enumerate(PROMPTS):
@@ -55,3 +61,34 @@ class PromptedMasks:
     def rows(self, prompt: int) -> int:
         """The graph rows of prompt `prompt` (its points and the padding or box rows): SAM's count for select_mask."""
         return next(len(lb) for group in self.groups.values() for i, _, lb in group if i == prompt)
+
+    def against_truth(self, emb: np.ndarray, gt: np.ndarray) -> dict[str, float] | None:
+        """One image's embedding (C, E, E) against its (H, W) truth map: the mean IoU over its objects of the masks
+        their point prompts give ('point_iou') and their boxes give ('box_iou'); None when it has no object."""
+        if self.pp is None:
+            raise ValueError("against_truth needs the model's preprocessing")
+        objects = truth_objects(gt)
+        if not objects:
+            return None
+        H, W = gt.shape
+        nw, nh = self.pp.resized_size(W, H)
+        scale, resized = (nw / W, nh / H), (min(nh, self.image_size), min(nw, self.image_size))
+        out = {}
+        for kind in ("point", "box"):
+            ious = []
+            for at in range(0, len(objects), TRUTH_CHUNK):
+                chunk = objects[at:at + TRUTH_CHUNK]
+                pairs = [self.prompts_to_inputs([(*pt, 1)], None, scale) if kind == "point" else
+                         self.prompts_to_inputs([], box, scale) for _, pt, box in chunk]
+                k = len(chunk)
+                feeds = {"image_embeddings": np.repeat(np.ascontiguousarray(emb[None], np.float32), k, axis=0),
+                         "point_coords": np.stack([c for c, _ in pairs]), "point_labels": np.stack([lb for _, lb in pairs]),
+                         "mask_input": np.zeros((k, 1, self.mask_size, self.mask_size), np.float32),
+                         "has_mask_input": np.zeros(k, np.float32)}
+                m, s = self.session.run(["masks", "iou_predictions"], feeds)
+                for j, (obj, _, _) in enumerate(chunk):
+                    pick = self.select(s[j], len(pairs[j][1]))
+                    full = postprocess_masks(m[j, pick:pick + 1], self.image_size, resized, (H, W))[0]
+                    ious.append(truth_iou(full, obj, gt))
+            out[f"{kind}_iou"] = float(np.mean(ious))
+        return out
