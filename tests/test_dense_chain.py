@@ -1,9 +1,9 @@
-"""Every step after the export for the dense models, at tiny sizes: a Depth Anything V2 folder (spread taps) and an
-EoMT folder go through `quantize --int8 --target all`, `--fp16 --target all`, `--fp8`, `openvino --precision int8`
+"""Every step after the export for the dense models, at tiny sizes: a Depth Anything V2 folder (spread taps), an
+EoMT folder and a SamModel folder go through `quantize --int8 --target all`, `--fp16 --target all`, `--fp8`, `openvino --precision int8`
 and `triton`; each precision's held-out check records the task's figures (AbsRel and delta1, pixel agreement and
 mIoU) and passes or says it cannot decide, every graph passes onnx.checker's full check and the TensorRT op rule,
-the head stays in float under INT8, and Triton's config is its ModelConfig with the graph's outputs (dynamic H and W
-for a dynamic-size export). Marked e2e: CI runs them after the suite.
+the head stays in float under INT8, SAM's checks report mask IoU, and Triton's config is its ModelConfig with the
+graph's outputs (dynamic H and W for a dynamic-size export; SAM's decoder as a second model). Marked e2e: CI runs them after the suite.
 """
 
 import json
@@ -19,17 +19,22 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.e2e
 
 PRECISIONS = (["--int8", "--target", "all"], ["--fp16", "--target", "all"], ["--fp8"])
-FIGURES = {"depth": ("absrel", "delta1"), "segmentation": ("pixel_agree", "miou")}
+FIGURES = {"depth": ("absrel", "delta1"), "segmentation": ("pixel_agree", "miou"), "masks": ("mask_iou",)}
+TASKS = {"depth-anything-v2": "depth", "eomt": "segmentation", "sam": "masks"}
+SAID = {"depth": "AbsRel", "segmentation": "pixel agreement", "masks": "mask IoU"}
 
 
-@pytest.fixture(scope="module", params=["depth-anything-v2", "eomt"])
+@pytest.fixture(scope="module", params=list(TASKS))
 def dense_folder(request, tmp_path_factory):
     from test_dense_depth import CASES, save_depth_anything
     from test_dense_eomt import TINY, save_eomt
+    from test_sam import save_sam
 
     tmp = tmp_path_factory.mktemp(request.param)
     if request.param == "eomt":
         save_eomt(tmp / "saved", TINY)
+    elif request.param == "sam":
+        save_sam(tmp / "saved", seed=3)
     else:
         save_depth_anything(tmp / "saved", CASES["relative"])
     r = CliRunner().invoke(cli, ["onnx", "-c", str(tmp / "saved"), "-o", str(tmp / "out"), "-q"])
@@ -42,9 +47,9 @@ def test_every_precision_is_made_and_judged_by_its_task(dense_folder):
     for args in PRECISIONS:
         r = CliRunner().invoke(cli, ["quantize", str(folder), *args])
         assert r.exit_code == 0, (args, r.output)
-        assert ("AbsRel" if kind != "eomt" else "pixel agreement") in r.output
+        assert SAID[TASKS[kind]] in " ".join(r.output.split())
     manifest = json.loads((folder / "manifest.json").read_text())
-    task = "segmentation" if kind == "eomt" else "depth"
+    task = TASKS[kind]
     for name, record in manifest["precisions"].items():
         check = record["check"]
         assert check["dense"] == task and check["data"], name
@@ -66,19 +71,25 @@ def test_the_ir_and_triton(dense_folder, tmp_path):
     model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
     from google.protobuf import text_format
 
-    _, folder = dense_folder
+    kind, folder = dense_folder
     r = CliRunner().invoke(cli, ["openvino", str(folder), "--precision", "int8", "-q"])
     assert r.exit_code == 0, r.output
     record = json.loads((folder / "manifest.json").read_text())["precisions"]["openvino-int8"]
     assert record["check"]["passed"] and record["check"]["dense"], record["check"]
     r = CliRunner().invoke(cli, ["triton", str(folder), "-o", str(tmp_path / "repo"), "-q"])
     assert r.exit_code == 0, r.output
-    cfg = text_format.Parse(next((tmp_path / "repo").glob("*/config.pbtxt")).read_text(),
-                            model_config_pb2.ModelConfig())
+    entries = sorted((tmp_path / "repo").glob("*/config.pbtxt"))
+    assert [p.parent.name.endswith("-decoder") for p in entries] == ([False, True] if kind == "sam" else [False])
+    cfg = text_format.Parse(entries[0].read_text(), model_config_pb2.ModelConfig())
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
     assert [o.name for o in cfg.output] == [o.name for o in graph.output]
     shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim][1:] for o in graph.output}
     assert {o.name: list(o.dims) for o in cfg.output} == shapes
+    if kind == "sam":  # the decoder's entry: whole tensors, its graph's inputs and outputs
+        dec = text_format.Parse(entries[1].read_text(), model_config_pb2.ModelConfig())
+        graph = onnx.load(str(folder / "decoder.onnx")).graph
+        assert dec.max_batch_size == 0 and [i.name for i in dec.input] == [i.name for i in graph.input]
+        assert [len(i.dims) for i in dec.input] == [len(i.type.tensor_type.shape.dim) for i in graph.input]
 
 
 def test_a_dynamic_size_export_serves_any_size(tmp_path):
