@@ -94,12 +94,15 @@ def image_folder(folder: Path, n: int) -> Path:
 
 
 def fresh_copy(src: Path, dst: Path) -> Path:
-    """The export alone (model.onnx and its manifest without precisions), for a calibration from scratch."""
+    """The export alone (model.onnx, SAM's decoder.onnx and the manifest without precisions), for a calibration from
+    scratch."""
     import shutil
 
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
     shutil.copy(src / "model.onnx", dst / "model.onnx")
+    if (src / "decoder.onnx").is_file():  # SAM's checks judge its masks through the decoder graph
+        shutil.copy(src / "decoder.onnx", dst / "decoder.onnx")
     manifest = json.loads((src / "manifest.json").read_text())
     manifest["precisions"] = {}
     (dst / "manifest.json").write_text(json.dumps(manifest))

@@ -117,6 +117,8 @@ def run_tag(tag: str, depth: int | None, work: Path) -> dict:
     kv = resolve(tag)[0].args.get("num_kv_heads")
     if depth is not None and isinstance(kv, list):  # one entry per block: the first and the middle one's
         kw["num_kv_heads"] = tuple(kv[i * len(kv) // depth] for i in range(depth))
+    if depth is not None and resolve(tag)[0].module == "vision_transformer_sam":
+        kw["global_attn_indexes"] = (depth - 1,)  # cut, SAM keeps a global block after a windowed one
     model = perturb(timm.create_model(tag, pretrained=False, **kw))
     lay_out_repo(cache, tag, model)
     h, w = model.pretrained_cfg["input_size"][1:]
@@ -183,8 +185,9 @@ def write_doc(results: list[dict], wall: float, rss_mb: float, timm_version: str
         "image embedding its export writes). A tag passes when max abs <= "
         f"{TOLERANCE:g} x max(1, |timm output|).",
         "",
-        "Depth is cut to 2 blocks (every option is per block), except for the smallest architecture of each family, "
-        "which runs at full depth (marked *full*). Width, heads, options and input size are the tag's own.",
+        "Depth is cut to 2 blocks (every option is per block; SAM's second block is a global one, the first windowed), "
+        "except for the smallest architecture of each family, which runs at full depth (marked *full*). Width, heads, "
+        "options and input size are the tag's own.",
         "",
         f"**{len(ok)} of {len(results)} tags pass ({100 * len(ok) / max(1, len(results)):.1f} %).** "
         f"timm {timm_version}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; "

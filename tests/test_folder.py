@@ -16,7 +16,9 @@ def test_paths_of_every_artifact(tmp_path):
     assert f.manifest_path == tmp_path / "manifest.json"
     assert [f.onnx(k).name for k in ARTIFACTS] == ["model.onnx", "model.fp16.onnx", "model.fp16.trt.onnx",
                                                    "model.int8.onnx", "model.int8.trt.onnx", "model.fp8.onnx", "model.openvino.fp32.xml",
-                                                   "model.openvino.fp16.xml", "model.openvino.int8.xml"]
+                                                   "model.openvino.fp16.xml", "model.openvino.int8.xml",
+                                                   "model.aoti.fp32.pt2", "model.aoti.bf16.pt2", "model.aoti.int8.pt2"]
+    assert f.rejected("aoti-int8") == tmp_path / "model.aoti.int8.rejected.pt2"
     assert f.ir_weights("openvino-int8") == tmp_path / "model.openvino.int8.bin"
     assert f.rejected("openvino-fp16") == tmp_path / "model.openvino.fp16.rejected.xml"
     assert {"model.openvino.fp32.xml", "model.openvino.fp32.bin"} <= {p.name for p in f.derived_files()}

@@ -80,7 +80,7 @@ LAYERS = [
     ("cli", "api"),
     ("benchmark", "deploy"),
     ("ensure",),
-    ("openvino_ir",),
+    ("openvino_ir", "aoti"),
     ("exporter", "precision"),
     ("validate",),
     ("preflight",),

@@ -262,7 +262,7 @@ def test_check_folder_lists_every_kind_and_plan_in_order(folder):
     assert {c.kind: c.status for c in checks} == {
         "fp32": OK, "fp16": OK, "fp16-trt": MISSING, "int8": OK, "int8-trt": MISSING, "fp8": MISSING,
         "openvino-fp32": OK, "openvino-fp16": MISSING, "openvino-int8": MISSING,
-        "plan:fp32": MISSING, "plan:fp16": MISSING, "plan:int8": MISSING, "plan:fp8": MISSING}
+        "aoti-fp32": MISSING, "aoti-bf16": MISSING, "aoti-int8": MISSING, "plan:fp32": MISSING, "plan:fp16": MISSING, "plan:int8": MISSING, "plan:fp8": MISSING}
 
 
 def test_require_gives_the_path_or_the_sentence(folder):

@@ -20,6 +20,7 @@ from .artifacts.verify import require
 from .artifacts.workspace import reading, writing
 from .errors import VitexportError
 from .model.spec import ExportOptions, ModelSpec
+from .aoti.make import AOTI_KINDS, make_package, package_stale_reason
 from .openvino_ir.convert import ir_stale_reason, make_ir
 from .precision.convert import graph_precision
 from .precision.prepare import PrecisionResult, run_quantize
@@ -44,11 +45,12 @@ MAKERS: dict[str, Maker] = {
     "int8-trt": run_quantize,
     "fp8": run_quantize,
     **{kind: make_ir for kind in IR_SOURCE},  # OpenVINO IR, converted from the ONNX kind IR_SOURCE[kind]
+    **{kind: make_package for kind in AOTI_KINDS},  # AOTInductor packages of the reference model
 }
 # kinds made from another ONNX kind than the export (made sure of first), and how their currency is judged
 SOURCE_KIND: dict[str, str] = dict(IR_SOURCE)
 STALE_REASON: dict[str, Callable[[ModelFolder, str, Union[CalibOptions, None]], Union[str, None]]] = {
-    kind: ir_stale_reason for kind in IR_SOURCE}
+    **{kind: ir_stale_reason for kind in IR_SOURCE}, **{kind: package_stale_reason for kind in AOTI_KINDS}}
 
 
 def stale_reason(folder: ModelFolder, kind: str, calib: CalibOptions | None) -> str | None:

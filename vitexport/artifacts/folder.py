@@ -66,6 +66,10 @@ ARTIFACTS: dict[str, ArtifactKind] = {k.name: k for k in [
     ArtifactKind("openvino-fp16", "model.openvino.fp16.xml", "fp16",  # weights stored in FP16
                  "vitexport openvino --precision fp16"),
     ArtifactKind("openvino-int8", "model.openvino.int8.xml", "int8", "vitexport openvino --precision int8"),
+    # AOTInductor packages of the reference model (vitexport.aoti): PyTorch's compiled CPU path, no ONNX
+    ArtifactKind("aoti-fp32", "model.aoti.fp32.pt2", "fp32", "vitexport aoti --precision fp32"),
+    ArtifactKind("aoti-bf16", "model.aoti.bf16.pt2", "bf16", "vitexport aoti --precision bf16"),
+    ArtifactKind("aoti-int8", "model.aoti.int8.pt2", "int8", "vitexport aoti --precision int8"),  # PT2E INT8
 ]}
 
 # OpenVINO IR kinds -> the ARTIFACTS kind each is converted from (its weights: the .bin beside the .xml)
@@ -265,6 +269,8 @@ class ModelFolder:
         name = artifact_kind(kind).filename
         if kind in IR_SOURCE:  # model.openvino.fp16.rejected.xml (its .bin beside it)
             return self.path / (name.removesuffix(".xml") + ".rejected.xml")
+        if name.endswith(".pt2"):  # model.aoti.int8.rejected.pt2
+            return self.path / (name.removesuffix(".pt2") + ".rejected.pt2")
         return self.path / (name.removesuffix(".onnx") + REJECTED_SUFFIX)
 
     def plan(self, precision: str) -> Path:

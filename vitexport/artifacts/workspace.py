@@ -210,9 +210,10 @@ def _still_busy(folder: ModelFolder, busy: str, timeout: float) -> VitexportErro
 
 
 def _private_tempdir(folder: ModelFolder) -> Path | None:
-    """A hidden temporary folder inside the model folder (None where the folder takes no new entry)."""
+    """A hidden temporary folder inside the model folder (None where the folder takes no new entry); an absolute
+    path, since libraries run compilers and tools from other working folders with it."""
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{STAGING_MARK}{os.getpid()}-tmp", dir=folder.path))
+        return Path(tempfile.mkdtemp(prefix=f".{STAGING_MARK}{os.getpid()}-tmp", dir=folder.path.resolve()))
     except OSError:
         return None
 

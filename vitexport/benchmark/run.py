@@ -35,6 +35,7 @@ from .plan import bench_sizes, default_bench_data, generated_note, judged_output
 from .latency import Latency, measure_latency, takes_batch
 from .served import EndpointOptions, endpoint_runners, partial, probe, time_served
 
+AOTI_PREPARED_KINDS = ("aoti-bf16", "aoti-int8")  # bench --aoti: PyTorch's compiled packages, made when missing
 PREPARED_KINDS = ("fp16", "int8", "int8-trt")  # ONNX kinds the bench makes when missing (unless --no-prepare) ...
 GPU_PREPARED_KINDS = ("fp16-trt",)  # ... and, with a CUDA GPU, for ONNX Runtime's TensorRT provider
 # ONNX kinds each ONNX Runtime provider runs: each INT8 graph where it belongs (the TensorRT-shaped one on the CPU
@@ -155,9 +156,10 @@ def outcome(report: BenchReport, strict: bool) -> tuple[VitexportError | None, s
 
 def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = None, *, prepare: bool = True,
                   sizes: tuple[tuple[int, int], ...] | None = None, judge_output: str | None = None,
-                  data: Path | None = None, log: Log = QUIET) -> ModelFolder:
+                  data: Path | None = None, aoti: bool = False, log: Log = QUIET) -> ModelFolder:
     """The folder to bench, with its FP16/INT8 ONNX made when missing (default options; the bench checks parity
-    itself). A kind that cannot be made is warned about and then listed as unavailable. Sizes the export cannot
+    itself), and with `aoti` PyTorch's compiled packages too (minutes: `vitexport aoti`). A kind that cannot be made
+    is warned about and then listed as unavailable. Sizes the export cannot
     take, an output it does not have, and a --data folder none of whose images can be used, are refused first,
     before anything is made."""
     folder = open_model(target, spec, export=prepare, verify=False, log=log)  # a wrong file: a FAIL in the table
@@ -167,7 +169,8 @@ def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = No
     if prepare and data is not None:
         refuse_unusable(Path(data), manifest)
     if prepare:
-        for kind in PREPARED_KINDS + (GPU_PREPARED_KINDS if cuda_gpu() is not None else ()):
+        for kind in PREPARED_KINDS + (GPU_PREPARED_KINDS if cuda_gpu() is not None else ()) + \
+                (AOTI_PREPARED_KINDS if aoti else ()):
             try:
                 ensure_artifact(folder, kind, calib=CalibOptions(check=False), log=log)
             except ParityError:
@@ -198,6 +201,8 @@ def refuse_unusable(data: Path, manifest: Manifest) -> None:
 def discover(folder: ModelFolder, model, threads: int, gpu: bool,
              io: tuple[str, str] | None = None) -> list[Runner]:
     """Every backend x precision worth trying for this model, available or not (load() decides)."""
+    from ..aoti.make import AOTI_KINDS
+    from ..backends.aoti_backend import AotiRunner
     from ..backends.openvino_backend import OpenVinoRunner
     from ..backends.ort_backend import OrtRunner
     from ..backends.tensorrt import TensorRTRunner
@@ -214,6 +219,7 @@ def discover(folder: ModelFolder, model, threads: int, gpu: bool,
                                      threads if ep == "cpu" else None, kind=kind, **names))
     runners += [OpenVinoRunner(folder.onnx(kind), prec, threads, **names) for prec, kind in OPENVINO_ROWS.items()]
     runners += [TensorRTRunner(folder.plan(prec), output_name=None if io is None else io[1]) for prec in PLAN_ORDER]
+    runners += [AotiRunner(folder.onnx(kind), prec, None if io is None else io[1]) for kind, prec in AOTI_KINDS.items()]
     return runners
 
 

@@ -16,6 +16,7 @@ from .failures import DEBUG_ENV, VitexportGroup, set_debug, stop_on_signals
 from .info_cmd import info_command
 from .models_cmd import models_command
 from .onnx_cmd import onnx_command
+from .aoti_cmd import aoti_command
 from .openvino_cmd import openvino_command
 from .predict_cmd import predict_command
 from .quantize_cmd import quantize_command
@@ -43,6 +44,7 @@ cli.add_command(quantize_command)
 cli.add_command(trt_command)
 cli.add_command(bench_command)
 cli.add_command(openvino_command)
+cli.add_command(aoti_command)
 cli.add_command(predict_command)
 cli.add_command(triton_command)
 cli.add_command(info_command)

@@ -182,8 +182,12 @@ REPORT = OptionGroup(
 @use(TARGET, MODEL, BENCH, ENDPOINT)
 @click.option("--no-prepare", is_flag=True,
               help="Do not export or convert missing artifacts: bench only what exists (missing ones are listed).")
+@click.option("--aoti", is_flag=True,
+              help="Also make PyTorch's compiled CPU packages when missing (bf16 and PT2E INT8, `vitexport aoti`: a "
+                   "few minutes at ViT-B), shown as the rows 'pytorch cpu bf16 (compiled)' and 'pytorch cpu int8 "
+                   "(pt2e)'; packages already in the folder are benched without it.")
 @use(REPORT, QUIET)
-def bench_command(target, spec, opts, endpoint, no_prepare, files, log):
+def bench_command(target, spec, opts, endpoint, no_prepare, aoti, files, log):
     """Run every available backend on the same inputs: parity against PyTorch FP32, and latency.
 
     MODEL_DIR is an exported model folder. Without it, the folder of --model (default: the default
@@ -200,7 +204,7 @@ def bench_command(target, spec, opts, endpoint, no_prepare, files, log):
     sizes = spec.bench_sizes if target is not None or len(spec.bench_sizes) > 1 else ()
     opts = BenchOptions(**opts, img_sizes=sizes or None, endpoints=EndpointOptions(**endpoint))
     folder = prepare_bench(target, spec, prepare=not no_prepare, sizes=opts.img_sizes, judge_output=opts.judge_output,
-                           data=opts.data, log=log)
+                           data=opts.data, aoti=aoti, log=log)
     report = run_bench(folder, opts, log)
     print_table(report)
     try:

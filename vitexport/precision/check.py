@@ -37,15 +37,9 @@ def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precisi
                        reference: OutputStore | None = None) -> ParityVerdict:
     """The candidate ONNX against the FP32 one on ONNX Runtime's CPU provider: FP32 first (fp32_reference, unless
     its outputs are given as `reference`), then the candidate."""
-    store = reference or fp32_reference(fp32, held, manifest, held.inputs.dir, log)
-    try:
-        ev = evaluate(session_infer(create_session(candidate, optimize=optimization_for(precision)),
-                                    manifest.input_name, manifest.output_name),
-                      held.inputs, held.truth, reference=store, label=f"checking {precision}", log=log)
-    finally:
-        if reference is None:
-            store.path.unlink(missing_ok=True)
-    verdict = judge(ev.stats, precision, thresholds)
+    infer = session_infer(create_session(candidate, optimize=optimization_for(precision)), manifest.input_name,
+                          manifest.output_name)
+    verdict = judge_against_fp32(fp32, infer, held, precision, manifest, thresholds, log, reference)
     if not verdict.failures and stores_fp16(candidate):
         with log.step(f"Looking for FP16 overflow in every tensor on up to {OVERFLOW_SCAN} held-out inputs"):
             hit = first_non_finite(candidate, (x for _, x in held.inputs.batches(8, stop=OVERFLOW_SCAN)),
@@ -56,3 +50,17 @@ def check_against_fp32(fp32: Path, candidate: Path, held: ValidationSet, precisi
     for line in verdict.inconclusive:
         log.warn(f"{precision.upper()} check {line}.")
     return verdict
+
+
+def judge_against_fp32(fp32: Path, infer, held: ValidationSet, precision: str, manifest: Manifest,
+                       thresholds: Thresholds | None = None, log: Log = QUIET,
+                       reference: OutputStore | None = None) -> ParityVerdict:
+    """A candidate's `infer` ((B, 3, H, W) -> outputs: a graph's session, a package) against the FP32 ONNX on the
+    held-out set, judged with the precision's bounds: FP32 first (fp32_reference, unless given), then the candidate."""
+    store = reference or fp32_reference(fp32, held, manifest, held.inputs.dir, log)
+    try:
+        ev = evaluate(infer, held.inputs, held.truth, reference=store, label=f"checking {precision}", log=log)
+    finally:
+        if reference is None:
+            store.path.unlink(missing_ok=True)
+    return judge(ev.stats, precision, thresholds)

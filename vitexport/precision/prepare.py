@@ -71,7 +71,7 @@ def _fp32_source(folder: ModelFolder, precision: str) -> tuple[Path, str, Manife
     return fp32, fp32_sha, manifest
 
 
-def _heldout(opts: CalibOptions, manifest: Manifest, precision: str, log: Log) -> ValidationSet | None:
+def heldout_set(opts: CalibOptions, manifest: Manifest, precision: str, log: Log) -> ValidationSet | None:
     """The held-out data of the check, decoded first: a bad folder should fail before minutes of calibration."""
     if not opts.check:
         return None
@@ -93,7 +93,7 @@ def run_quantize(model_dir: ModelFolder | Path, precision: str, opts: CalibOptio
         fp32, fp32_sha, manifest = _fp32_source(folder, precision)
         out_path = folder.onnx(precision)
         record = PrecisionRecord(file=out_path.name, source_sha256=fp32_sha, onnxruntime=session_options(precision))
-        held = _heldout(opts, manifest, precision, log)
+        held = heldout_set(opts, manifest, precision, log)
         try:
             return _make(folder, precision, fp32, fp32_sha, manifest, record, held, opts, log)
         finally:
@@ -164,7 +164,7 @@ def _check_second_size(fp32: Path, candidate: Path, precision: str, manifest: Ma
     calibrated at the default size, and the resampled position embedding runs in its precision too."""
     size = second_size(manifest.img_size, manifest.img_size_range)
     pp = replace(manifest.preprocess, input_size=tuple(size))
-    held = _heldout(opts, replace(manifest, preprocess=pp), precision, QUIET)
+    held = heldout_set(opts, replace(manifest, preprocess=pp), precision, QUIET)
     assert held is not None
     try:
         with log.step(f"Checking {precision.upper()} against FP32 at {size[0]}x{size[1]} on {len(held):,} held-out "
@@ -374,7 +374,7 @@ def run_sensitivity(model_dir: ModelFolder | Path, kind: str, opts: CalibOptions
     if kind not in QDQ_KINDS:
         raise VitexportError("--sensitivity measures the GEMMs of --int8 or --fp8.")
     fp32, fp32_sha, manifest = _fp32_source(folder, kind)
-    held = _heldout(opts, manifest, kind, log)
+    held = heldout_set(opts, manifest, kind, log)
     if held is None:
         raise VitexportError("--sensitivity measures on held-out data: drop --no-check.")
     try:

@@ -1,0 +1,94 @@
+"""`vitexport aoti`: PyTorch's compiled CPU path as a package of the folder. The digits model's PT2E INT8 package is
+built, checked against the FP32 ONNX on the held-out digits and recorded; it loads in a fresh process and answers as
+the bench's row does; one compiled without Inductor's freezing (its linears dequantized to FP32 matmuls) is caught
+by the check and kept aside; without torchao the command and the row say why."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, copy_export, fails_cleanly
+
+from vitexport.cli import cli
+
+pytest.importorskip("torchao")
+HELDOUT = ROOT / "calibration" / "digits" / "heldout"
+
+
+@pytest.fixture(scope="module")
+def packaged(digits_export, tmp_path_factory):
+    folder = copy_export(digits_export, tmp_path_factory.mktemp("aoti") / "digits")
+    r = CliRunner().invoke(cli, ["aoti", str(folder), "--precision", "int8", "-q"])
+    assert r.exit_code == 0, r.output
+    return folder
+
+
+def test_the_int8_package_is_fused_checked_and_recorded(packaged):
+    import torch
+
+    from vitexport.aoti.package import linear_count, package_facts
+    from vitexport.artifacts.folder import ModelFolder
+    from vitexport.exporter.torch_model import model_from_manifest
+
+    record = json.loads((packaged / "manifest.json").read_text())["precisions"]["aoti-int8"]
+    manifest = ModelFolder(packaged).read_manifest()
+    linears = linear_count(model_from_manifest(manifest))
+    facts = package_facts(packaged / "model.aoti.int8.pt2")
+    assert facts.qlinear >= linears > 0 and record["aoti"]["facts"]["qlinear"] == facts.qlinear
+    assert record["check"]["passed"] and record["check"]["n"] == 360
+    assert record["source_sha256"] == manifest.onnx_sha256
+    # the package is INT8: its answers differ from FP32's by more than float rounding, within INT8's bounds
+    assert 1e-4 < record["check"]["max_abs"] and record["check"]["cos_min"] > 0.99
+    assert torch.__version__ and record["aoti"]["float_parts"] in ("bf16", "fp32")
+
+
+def test_the_package_loads_in_a_fresh_process_and_answers_as_the_bench_row(packaged, tmp_path):
+    from vitexport.backends.aoti_backend import AotiRunner
+    from vitexport.data.images import load_folder
+    from vitexport.artifacts.folder import ModelFolder
+
+    pp = ModelFolder(packaged).read_manifest().preprocess
+    x = load_folder(HELDOUT, pp, limit=16).x[:16]
+    np.save(tmp_path / "x.npy", x)
+    code = ("import sys, numpy as np, torch; f = torch._inductor.aoti_load_package(sys.argv[1]); "
+            "np.save(sys.argv[3], f(torch.from_numpy(np.load(sys.argv[2]))).numpy())")
+    p = subprocess.run([sys.executable, "-c", code, str(packaged / "model.aoti.int8.pt2"), str(tmp_path / "x.npy"),
+                        str(tmp_path / "y.npy")], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    with AotiRunner(packaged / "model.aoti.int8.pt2", "int8") as runner:
+        here = runner.infer_all(x, chunk=16)
+    assert np.allclose(np.load(tmp_path / "y.npy"), here, atol=1e-5)
+    r = CliRunner().invoke(cli, ["bench", str(packaged), "--no-prepare", "--backend", "pt2e", "--data", str(HELDOUT),
+                                 "--batch", "1", "--iterations", "2", "--json", str(tmp_path / "b.json")])
+    assert r.exit_code == 0, r.output
+    row = next(x for x in json.loads((tmp_path / "b.json").read_text())["results"]
+               if x["name"] == "pytorch cpu int8 (pt2e)")
+    assert row["available"] and row["parity"]["n"] == 360 and row["parity"]["top1_agree"] > 0.97
+
+
+def test_a_package_compiled_without_freezing_is_caught(packaged, tmp_path):
+    from vitexport.aoti.make import make_package
+    from vitexport.artifacts.folder import ModelFolder
+    from vitexport.errors import ParityError
+
+    folder = ModelFolder(copy_export(packaged, tmp_path / "digits"))
+    before = (folder.path / "model.aoti.int8.pt2").read_bytes()
+    with pytest.raises(ParityError, match="without Inductor's freezing"):
+        make_package(folder, "aoti-int8", freezing=False)
+    assert (folder.path / "model.aoti.int8.rejected.pt2").is_file()
+    assert (folder.path / "model.aoti.int8.pt2").read_bytes() == before  # the previous package stays
+
+
+def test_without_torchao_the_command_and_the_row_say_why(digits_export, tmp_path, monkeypatch):
+    folder = copy_export(digits_export, tmp_path / "digits")
+    monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao raises ImportError
+    fails_cleanly(CliRunner().invoke(cli, ["aoti", str(folder), "--precision", "int8"]), "needs torchao")
+    assert not list(folder.glob("*.pt2"))
+    from vitexport.backends.aoti_backend import AotiRunner
+    from vitexport.errors import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="torchao"):
+        AotiRunner(folder / "model.aoti.int8.pt2", "int8").load()
