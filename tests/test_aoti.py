@@ -92,3 +92,14 @@ def test_without_torchao_the_command_and_the_row_say_why(digits_export, tmp_path
 
     with pytest.raises(BackendUnavailable, match="torchao"):
         AotiRunner(folder / "model.aoti.int8.pt2", "int8").load()
+
+
+def test_predict_runs_the_package(packaged):
+    r = CliRunner().invoke(cli, ["predict", str(packaged), str(HELDOUT / "3"), "--backend", "aoti", "--precision",
+                                 "int8", "--top-k", "1", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    top = [row["top"][0]["label"] for row in rows]
+    assert len(top) == len(list((HELDOUT / "3").iterdir())) and top.count("3") >= 0.9 * len(top)
+    fails_cleanly(CliRunner().invoke(cli, ["predict", str(packaged), str(HELDOUT / "3"), "--precision", "bf16"]),
+                  "--backend aoti")

@@ -9,7 +9,7 @@ import click
 from ..errors import VitexportError
 from .groups import MODEL, QUIET, use
 
-BACKEND_NAMES = ("onnxruntime", "pytorch", "openvino", "tensorrt")  # predict.BACKENDS, without importing numpy
+BACKEND_NAMES = ("onnxruntime", "pytorch", "openvino", "tensorrt", "aoti")  # predict.BACKENDS, without importing numpy
 
 
 def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
@@ -38,7 +38,7 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
 @click.command("predict")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path),
                 metavar="[MODEL_DIR] IMAGE_OR_FOLDER...")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "bf16"]), default="fp32", show_default=True,
               help="Which model file to run (made first when missing; TensorRT needs `vitexport trt`).")
 @click.option("--backend", type=click.Choice(BACKEND_NAMES), default="onnxruntime", show_default=True)
 @click.option("--top-k", type=int, default=5, show_default=True, help="Classes shown per image (at least 1).")

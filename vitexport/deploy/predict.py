@@ -29,8 +29,8 @@ from ..model.labels import class_names
 from ..paths import atomic_path, display_path
 from ..progress import QUIET, Log
 
-BACKENDS = ("onnxruntime", "pytorch", "openvino", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "int8")
+BACKENDS = ("onnxruntime", "pytorch", "openvino", "tensorrt", "aoti")
+PRECISIONS = ("fp32", "fp16", "int8", "bf16")  # bf16: an AOTInductor package's (--backend aoti)
 
 
 @dataclass
@@ -87,6 +87,7 @@ def _runner_factories(folder: ModelFolder, manifest: Manifest, backend: str, pre
                       log: Log, output: str | None = None) -> list[Callable[[], Runner]]:
     """Ways to run the model on `backend` at `precision`, answering with `output` (default: the manifest's
     output_name), best first (a GPU where there is one, then the CPU)."""
+    from ..ensure import ensure_artifact
     from ..environment import cuda_gpu
 
     output = output or manifest.output_name
@@ -106,12 +107,16 @@ def _runner_factories(folder: ModelFolder, manifest: Manifest, backend: str, pre
             model = WithOutputs(model, (output,))
         devices = ["cuda"] if precision == "fp16" else (["cuda", "cpu"] if gpu else ["cpu"])
         return [lambda d=d: TorchRunner(model, precision, d) for d in devices]
+    if backend == "aoti":
+        from ..backends.aoti_backend import AotiRunner
+
+        package = ensure_artifact(folder, _kind(backend, precision), log=log).path
+        return [lambda: AotiRunner(package, precision, output)]
+    _kind(backend, precision)  # bf16 elsewhere: one sentence
     if backend == "tensorrt":
         from ..backends.tensorrt import TensorRTRunner
 
         return [lambda: TensorRTRunner(folder.plan(precision), output_name=output)]
-    from ..ensure import ensure_artifact
-
     path = ensure_artifact(folder, precision, log=log).path
     if backend == "openvino":
         try:
@@ -122,6 +127,17 @@ def _runner_factories(folder: ModelFolder, manifest: Manifest, backend: str, pre
     from ..backends.ort_backend import OrtRunner
 
     return [lambda ep=ep: OrtRunner(path, precision, ep, **io) for ep in (["cuda", "cpu"] if gpu else ["cpu"])]
+
+
+def _kind(backend: str, precision: str) -> str:
+    """The folder's artifact kind a backend runs at a precision; one sentence for a pair that has none."""
+    if backend == "aoti":
+        if precision == "fp16":
+            raise VitexportError("An AOTInductor package is fp32, bf16 or int8 (PyTorch's CPU path).")
+        return f"aoti-{precision}"
+    if precision == "bf16":
+        raise VitexportError("bf16 is the precision of an AOTInductor package: --backend aoti.")
+    return precision
 
 
 def open_runner(folder: ModelFolder, backend: str, precision: str, log: Log = QUIET,
@@ -193,12 +209,12 @@ def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | st
     files = collect_images(images)
     crops = _every_crop(decoded_crops(files, pp, workers or default_workers(), chunk=batch))
     first = next(crops)  # a bad first image fails before any runner is loaded
-    if backend in ("onnxruntime", "openvino") and precision in PRECISIONS:
+    if backend in ("onnxruntime", "openvino", "aoti") and precision in PRECISIONS:
         from ..ensure import ensure_artifact
 
-        # a missing FP16/INT8 file is made under the folder's writer lock first: under the reader's lock below,
-        # ensure_artifact only checks it (a lock held for reading cannot become a writer's)
-        ensure_artifact(folder, precision, log=log)
+        # a missing FP16/INT8 file (or package) is made under the folder's writer lock first: under the reader's
+        # lock below, ensure_artifact only checks it (a lock held for reading cannot become a writer's)
+        ensure_artifact(folder, _kind(backend, precision), log=log)
     with reading(folder, log):  # no other run replaces the file between its check and its loading
         runner = open_runner(folder, backend, precision, log, output)
     try:
