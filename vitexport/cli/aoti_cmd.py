@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from .groups import CALIB, MODEL, QUIET, TARGET, use
+from .groups import CALIB, MODEL, QUIET, TARGET, parity_line, use
 
 PRECISIONS = ("fp32", "bf16", "int8")  # aoti.package.AOTI_PRECISIONS; here so --help loads no torch
 
@@ -29,9 +29,6 @@ def aoti_command(precision, target, spec, calib, log):
     from ..ensure import ensure_artifact
 
     result = ensure_artifact(target, aoti_kind(precision), spec=spec, calib=calib, fresh=True, log=log).precision
-    v = result.verdict
-    if v is not None:
-        s = v.stats
-        click.echo(f"Parity vs FP32: passed ({s.n} held-out inputs, min cosine {s.cos_min:.5f}"
-                   + (f", top-1 {s.acc_ref:.2%} -> {s.acc:.2%}" if s.acc is not None else "") + ")")
+    if line := parity_line(result.verdict):
+        click.echo(line)
     click.echo(f"AOTInductor {precision.upper()} package: {result.onnx_path}")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .groups import CALIB, MODEL, QUIET, TARGET, use
+from .groups import CALIB, MODEL, QUIET, TARGET, parity_line, use
 
 PRECISIONS = ("fp32", "fp16", "int8")  # the IR kinds' precisions (folder.IR_SOURCE); here so --help loads no numpy
 
@@ -34,9 +34,6 @@ def openvino_command(precision, target, spec, calib, log):
         result = ensure_artifact(target, ir_kind(precision or "fp32"), spec=spec, calib=calib, fresh=True,
                                  log=log).precision
         what = f"OpenVINO {(precision or 'fp32').upper()} IR"
-    v = result.verdict
-    if v is not None:
-        s = v.stats
-        click.echo(f"Parity vs FP32: passed ({s.n} held-out inputs, min cosine {s.cos_min:.5f}"
-                   + (f", top-1 {s.acc_ref:.2%} -> {s.acc:.2%}" if s.acc is not None else "") + ")")
+    if line := parity_line(result.verdict):
+        click.echo(line)
     click.echo(f"{what}: {result.onnx_path} (weights: {result.onnx_path.with_suffix('.bin').name})")
