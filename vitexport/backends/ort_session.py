@@ -79,7 +79,7 @@ def _copy_but(message, skip: str, out):
 
 def create_session(path: Path | str | bytes, providers: list[str] | None = None, threads: int | None = None,
                    external_folder: Path | None = None, optimize: str = "all", weights: dict | None = None,
-                   graph_order: bool = False, arena: bool = True):
+                   graph_order: bool = False, lean: bool = False):
     """A session on a model file, or on a serialized model (bytes: e.g. a graph rewritten in memory). A serialized
     graph whose weights stay in external data names the folder they are read from (`external_folder`), so a model
     over protobuf's 2 GB cap is never serialized whole; one whose inline weights were split off (split_weights)
@@ -91,9 +91,10 @@ def create_session(path: Path | str | bytes, providers: list[str] | None = None,
     forward pass, with every activation alive: DINOv3-S at 512 px held 2.0 GB for one image instead of 0.4 GB, and
     Sapiens2-B at 1024x768 (3,072 tokens) went past 20 GB.
 
-    arena: ONNX Runtime's CPU arena, which keeps what it allocated for the next call and grows in powers of two; a
-    session run a few times (an export's check) goes without it, so its peak is the tensors alive at once (SAM's
-    global attention at batch 3 asks for 3.2 GB a score tensor at 4,096 tokens)."""
+    lean: a session run a few times (an export's check), whose peak memory matters more than its speed: without the
+    CPU arena (which keeps what it allocated for the next call, grown in powers of two; SAM's global attention at
+    batch 3 asks for 3.2 GB a score tensor at 4,096 tokens) and without prepacked copies of the weights (2.5 GB
+    more for SAM ViT-H)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -103,7 +104,9 @@ def create_session(path: Path | str | bytes, providers: list[str] | None = None,
     if values:
         so.add_external_initializers(list(weights or {}), values)
     so.log_severity_level = 3
-    so.enable_cpu_mem_arena = arena
+    if lean:
+        so.enable_cpu_mem_arena = False
+        so.add_session_config_entry("session.disable_prepacking", "1")
     so.intra_op_num_threads = threads or ort_threads()
     if external_folder is not None:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", os.fspath(external_folder))

@@ -174,6 +174,7 @@ def staged_onnx(model: VisionTransformer, out_path: Path, opset: int = DEFAULT_O
         # entered last, so renamed first: the data is in place before the graph that needs it
         tmp_data = stack.enter_context(atomic_path(data_path, suffix=".data")) if external else None
         _save(proto, tmp, tmp_data)
+        del proto  # the weights' bytes (2.5 GB for SAM ViT-H) are on disk now, not needed during the check
         yield tmp
         if tmp_data is not None:
             _relink_external_data(tmp, data_path.name)
