@@ -106,3 +106,16 @@ def test_a_dynamic_size_export_serves_any_size(tmp_path):
     cfg = text_format.Parse(next((tmp_path / "repo").glob("*/config.pbtxt")).read_text(),
                             model_config_pb2.ModelConfig())
     assert list(cfg.input[0].dims) == [3, -1, -1] and list(cfg.output[0].dims) == [-1, -1]
+
+
+def test_pytorchs_compiled_int8_package_is_judged_by_its_task(dense_folder):
+    """`vitexport aoti --precision int8`: the dense model (backbone and head) through torch.export, PT2E and
+    AOTInductor, its check against the FP32 export judged by the task's figures as every other file."""
+    pytest.importorskip("torchao")
+    kind, folder = dense_folder
+    r = CliRunner().invoke(cli, ["aoti", str(folder), "--precision", "int8", "-q"])
+    assert r.exit_code == 0, r.output
+    check = json.loads((folder / "manifest.json").read_text())["precisions"]["aoti-int8"]["check"]
+    assert check["passed"] and check["dense"] == TASKS[kind]
+    for figure in FIGURES[TASKS[kind]]:
+        assert check[figure] is not None, figure

@@ -146,3 +146,18 @@ def test_the_ir_and_the_triton_repository_of_a_rope_and_a_biased_model(family, t
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
     assert [i.name for i in cfg.input] == [i.name for i in graph.input]
     assert [o.name for o in cfg.output] == [o.name for o in graph.output]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("family", ["vit_small_patch16_dinov3.lvd1689m", "beitv2_base_patch16_224.in1k_ft_in22k_in1k",
+                                    "eva02_small_patch14_336.mim_in22k_ft_in1k"], indirect=True)
+def test_pytorchs_compiled_packages_of_the_rope_and_biased_families(family):
+    """`vitexport aoti`: the RoPE and relative-bias families through torch.export and AOTInductor, INT8 (PT2E) and
+    bf16, each checked against the FP32 export and its linears fused."""
+    pytest.importorskip("torchao")
+    _, _, folder = family
+    for precision in ("int8", "bf16"):
+        r = CliRunner().invoke(cli, ["aoti", str(folder), "--precision", precision, "-q"])
+        assert r.exit_code == 0, (precision, r.output)
+        record = json.loads((folder / "manifest.json").read_text())["precisions"][f"aoti-{precision}"]
+        assert record["check"]["passed"] and record["aoti"]["facts"]["linear" if precision == "bf16" else "qlinear"]

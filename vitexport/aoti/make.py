@@ -29,7 +29,7 @@ from ..precision.int8 import CALIB_BATCH, calibration_set
 from ..precision.prepare import PrecisionResult, heldout_set
 from ..precision.settings import CalibOptions
 from ..progress import QUIET, Log
-from .package import build_package, import_torchao_pt2e, float_parts, fusion_problem, linear_count, package_facts
+from .package import build_package, import_torchao_pt2e, float_parts, fusion_problem, package_facts
 
 AOTI_KINDS = {"aoti-fp32": "fp32", "aoti-bf16": "bf16", "aoti-int8": "int8"}  # folder.ARTIFACTS kinds
 
@@ -80,10 +80,13 @@ def make_package(folder: ModelFolder, kind: str, calib: CalibOptions | None = No
         t0 = time.perf_counter()
         with log.step(f"Compiling the {precision.upper()} AOTInductor package ({'PT2E INT8, ' if data else ''}"
                       f"float parts in {parts}, Inductor with freezing{'' if freezing else ' OFF'})"):
-            build_package(model, precision, example, tmp, batches, freezing=freezing)
+            linears = build_package(model, precision, example, tmp, batches, freezing=freezing)
         seconds = time.perf_counter() - t0
         facts = package_facts(tmp)
-        problem = fusion_problem(facts, precision, linear_count(model))
+        problem = fusion_problem(facts, precision, linears)
+        if precision == "int8":
+            log.info(f"{facts.qlinear} of the {linears} linear layers the forward runs are fused INT8 kernels, "
+                     f"{facts.unfused} plain matmuls.")
         verdict = None
         if problem is None and held is not None:
             runner = AotiRunner(tmp, precision)
@@ -101,7 +104,7 @@ def make_package(folder: ModelFolder, kind: str, calib: CalibOptions | None = No
             why = problem or "; ".join(verdict.failures)  # type: ignore[union-attr]
             raise ParityError(f"The {precision.upper()} package failed its check ({why}); kept it as "
                               f"{rejected.name} and left {path.name} unchanged.")
-        aoti = {"facts": facts.to_dict(), "float_parts": parts, "compile_s": round(seconds, 1)}
+        aoti = {"facts": facts.to_dict(), "linears": linears, "float_parts": parts, "compile_s": round(seconds, 1)}
         if data is not None:
             aoti["calibration"] = {"data": str(data[0].resolve()), "requested_samples": calib.samples,
                                    "samples": data[1].count}

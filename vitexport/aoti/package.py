@@ -71,16 +71,34 @@ def _autocast(module, bf16: bool):
     return cast
 
 
+def _linear_only(xiq):
+    """X86InductorQuantizer that leaves convolutions alone: annotating one (EoMT's upscaling, a DPT head's) can
+    fail on its partition ("conv partition has more than one output node") even where a module-type config
+    quantizes the linear layers only, which is all an INT8 package here quantizes."""
+
+    class LinearOnly(xiq.X86InductorQuantizer):
+        def _annotate_conv2d_fusion_pattern(self, *args, **kwargs) -> None:
+            return None
+
+    return LinearOnly
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
+
+
 def float_parts(precision: str) -> str:
     """The arithmetic of a package's float parts: 'bf16' for bf16, and for int8 where the CPU has BF16."""
     return "bf16" if precision == "bf16" or (precision == "int8" and cpu_has_bf16() is True) else "fp32"
 
 
 def build_package(model, precision: str, example: np.ndarray, path: Path,
-                  calibration: Iterable[np.ndarray] = (), freezing: bool = True) -> Path:
+                  calibration: Iterable[np.ndarray] = (), freezing: bool = True) -> int:
     """Compile `model` (an eval nn.Module: images (B, 3, H, W) -> one tensor) into an AOTInductor package at
-    `path`, with a symbolic batch axis; int8 calibrates on `calibration`'s batches first. freezing=False exists for
-    the test that the check catches such a package."""
+    `path`, with a symbolic batch axis; int8 calibrates on `calibration`'s batches first, its linear layers only
+    (convolutions, a dense head's among them, stay float as in vitexport's own INT8 graphs). Returns the number of
+    linear layers the traced forward runs (what a fused package calls a kernel for each). freezing=False exists
+    for the test that the check catches such a package."""
     import torch
 
     # Inductor's work files (and its cache, reused by later compiles of this process) outside the model folder,
@@ -94,10 +112,15 @@ def build_package(model, precision: str, example: np.ndarray, path: Path,
         warnings.simplefilter("ignore")  # Inductor's own deprecation and copy-construct warnings
         if precision == "int8":
             prepare_pt2e, convert_pt2e, xiq = import_torchao_pt2e()
-            quantizer = xiq.X86InductorQuantizer()
-            quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+            quantizer = _linear_only(xiq)()
+            quantizer.set_module_type_qconfig(torch.nn.Linear, xiq.get_default_x86_inductor_quantization_config())
             graph = torch.export.export(model, (x,), dynamic_shapes=({0: batch},)).module()
-            prepared = prepare_pt2e(graph, quantizer)
+            linears = _linear_nodes(graph.graph)
+            try:
+                prepared = prepare_pt2e(graph, quantizer)
+            except (ValueError, NotImplementedError, AssertionError) as e:
+                raise VitexportError(f"torchao's PT2E quantizer cannot annotate this model ({first_line(e)}); make "
+                                     f"its fp32 or bf16 package instead.") from None
             seen = 0
             for b in calibration:
                 prepared(torch.from_numpy(np.ascontiguousarray(b)))
@@ -107,9 +130,17 @@ def build_package(model, precision: str, example: np.ndarray, path: Path,
             model = convert_pt2e(prepared)
         wrapped = _autocast(model, float_parts(precision) == "bf16")
         program = torch.export.export(wrapped, (x,), dynamic_shapes=({0: batch},))
+        if precision != "int8":
+            linears = _linear_nodes(program.graph)
         torch._inductor.aoti_compile_and_package(program, package_path=str(Path(path).resolve()),
                                                  inductor_configs={"freezing": freezing})
-    return path
+    return linears
+
+
+def _linear_nodes(graph) -> int:
+    import torch
+
+    return sum(n.op == "call_function" and n.target is torch.ops.aten.linear.default for n in graph.nodes)
 
 
 @dataclass(frozen=True)
@@ -144,20 +175,15 @@ def package_facts(path: Path) -> PackageFacts:
                         "BFloat16" in text or "bfloat16" in text, Path(path).stat().st_size)
 
 
-def linear_count(model) -> int:
-    import torch
-
-    return sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-
-
 def fusion_problem(facts: PackageFacts, precision: str, linears: int) -> str | None:
-    """Why a package is not what its precision says, or None: an INT8 package whose linears are not all fused
-    quantized kernels (built without Inductor's freezing, it dequantizes its weights and runs FP32 matmuls), or a
-    bf16 package holding no bf16."""
-    if precision == "int8" and facts.qlinear < linears:
-        return (f"only {facts.qlinear} of the model's {linears} linear layers run as fused INT8 kernels "
-                f"({facts.unfused} plain matmuls): it was compiled without Inductor's freezing, so it dequantizes "
-                f"its weights and runs FP32 matmuls")
+    """Why a package is not what its precision says, or None: an INT8 package with no fused quantized linear
+    (built without Inductor's freezing, it dequantizes its weights and runs FP32 matmuls), or a bf16 package
+    holding no bf16. linears: how many linear layers the traced forward runs (build_package's); some may stay float
+    by the quantizer's choice (EoMT's mask MLP, run once per masked block), which the record shows."""
+    if precision == "int8" and linears and not facts.qlinear:
+        return (f"none of the model's {linears} linear layers runs as a fused INT8 kernel ({facts.unfused} plain "
+                f"matmuls): it was compiled without Inductor's freezing, so it dequantizes its weights and runs FP32 "
+                f"matmuls")
     if precision in ("bf16", "int8") and float_parts(precision) == "bf16" and not facts.bf16:
         return "it holds no bf16 tensor: it fell back to FP32"
     return None
