@@ -204,8 +204,11 @@ def _outputs(folder: ModelFolder, manifest: Manifest, images: Sequence[Path | st
              dense_shape: bool = False) -> Iterator[tuple[list[Path], np.ndarray]]:
     """The model's outputs, batch by batch, with their files: images are decoded by a pool of threads a few
     batches ahead, so memory holds a few batches whatever their number. Each output flattened per image, or as
-    it is (dense_shape: a dense model's maps)."""
-    pp = manifest.preprocess
+    it is (dense_shape: a dense model's maps). A long sequence runs fewer images a call (validate.eval_batch: SAM
+    at 1024, one), so its attention scores do not grow with the batch."""
+    from ..validate.evaluate import eval_batch
+
+    pp, batch = manifest.preprocess, max(1, min(batch, eval_batch(manifest.config)))
     files = collect_images(images)
     crops = _every_crop(decoded_crops(files, pp, workers or default_workers(), chunk=batch))
     first = next(crops)  # a bad first image fails before any runner is loaded
