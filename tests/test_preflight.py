@@ -116,7 +116,7 @@ def test_an_export_is_checked_at_its_largest_batch_and_at_least_two(monkeypatch)
     config = preflight.spec_config(spec)
     weights, per_image, _ = preflight.vit_memory(config)
     assert preflight.vit_memory(config)[2] == 4 * 3 + 1
-    base = preflight.WEIGHT_COPIES * weights
+    base = preflight.EXPORT_WEIGHT_COPIES * weights
     monkeypatch.setattr(preflight, "mem_available", lambda: base + 2 * per_image)
     preflight.check_export(spec, (1,))  # traced at batch 2: fits exactly
     with pytest.raises(VitexportError) as e:
@@ -231,7 +231,7 @@ def test_a_dynamic_size_export_is_checked_at_the_largest_size_of_its_range(monke
     config = {**preflight.spec_config(spec), "img_size": (96, 128)}
     weights, per_image, tokens = preflight.vit_memory(config)
     assert tokens == 6 * 8 + 1
-    base = preflight.WEIGHT_COPIES * weights
+    base = preflight.EXPORT_WEIGHT_COPIES * weights
     monkeypatch.setattr(preflight, "mem_available", lambda: base + 3 * per_image)
     preflight.check_export(spec, (3,))  # fits exactly at the largest size
     with pytest.raises(VitexportError) as e:
@@ -240,6 +240,21 @@ def test_a_dynamic_size_export_is_checked_at_the_largest_size_of_its_range(monke
     assert "for vit_tiny_patch16_224 at 96x128 (49 tokens" in str(e.value)
     default = ModelSpec("vit_tiny_patch16_224", dynamic_img_size=True)  # its range: 112x112 to 448x448
     weights, per_image, _ = preflight.vit_memory({**preflight.spec_config(default), "img_size": (448, 448)})
-    monkeypatch.setattr(preflight, "mem_available", lambda: preflight.WEIGHT_COPIES * weights + 2 * per_image - 1)
+    monkeypatch.setattr(preflight, "mem_available", lambda: preflight.EXPORT_WEIGHT_COPIES * weights + 2 * per_image - 1)
     with pytest.raises(VitexportError, match=r"^--img-size-range up to 448x448 needs about .* \(785 tokens"):
         preflight.check_export(default, (1,))
+
+
+def test_sams_decomposed_attention_counts_its_bias_sums(monkeypatch):
+    """SAM ViT-B at 1024: ONNX Runtime's unfused attention holds the product, two broadcast bias sums and the softmax
+    (measured: 11.9 GB at the export's check); an export where 10 GB is free is refused, not killed."""
+    spec = ModelSpec("samvit_base_patch16")
+    config = preflight.spec_config(spec)
+    weights, per_image, tokens = preflight.vit_memory(config)
+    assert tokens == 64 * 64 and config["rel_pos_bias"] == "decomposed"
+    assert per_image > 4 * 12 * tokens ** 2 * 4  # four score tensors an image
+    monkeypatch.setattr(preflight, "mem_available", lambda: 10 * 1024 ** 3)
+    with pytest.raises(VitexportError, match="^Exporting samvit_base_patch16 needs about 1[12].* GB"):
+        preflight.check_export(spec, (1, 3))
+    monkeypatch.setattr(preflight, "mem_available", lambda: 13 * 1024 ** 3)
+    preflight.check_export(spec, (1, 3))
