@@ -56,6 +56,9 @@ def make_package(folder: ModelFolder, kind: str, calib: CalibOptions | None = No
         except BackendUnavailable as e:
             raise VitexportError(f"{e}.") from None
     manifest = folder.read_manifest()
+    if manifest.img_size_range is not None:
+        raise VitexportError(f"{folder.path} holds a dynamic-size export; an AOTInductor package is compiled for one "
+                             f"image size: export the size to serve (`vitexport onnx --img-size`) and package that.")
     fp32 = require(folder, "fp32", manifest)
     fp32_sha = manifest.onnx_sha256 or sha256_file(fp32)
     from ..exporter.torch_model import model_from_manifest  # torch: only when a package is made

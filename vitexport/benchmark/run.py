@@ -352,7 +352,8 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
     runners = discover(folder, model, threads, gpu, (manifest.input_name, output))
     if opts.backends:
         runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends)
-                   or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu")]
+                   or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu"
+                       and r.provider != "aoti")]  # the reference, whatever --backend says
     served = endpoint_runners(manifest, opts.endpoints)  # asked for by URL: kept whatever --backend says
     if served and sizes != [None]:
         raise VitexportError("--endpoint benches the served model at the export's own size; leave out --img-size.")
