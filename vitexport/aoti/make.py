@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ..artifacts.folder import ModelFolder
 from ..artifacts.manifest import HeldOutCheck, PrecisionRecord
 from ..artifacts.verify import BROKEN, MISSING, check_onnx, require
@@ -74,11 +76,9 @@ def make_package(folder: ModelFolder, kind: str, calib: CalibOptions | None = No
     tmp = Path(tmp_name)
     try:
         batches = () if data is None else data[1].batches(manifest.preprocess, CALIB_BATCH)
-        example = next(iter(held.inputs.batches(2, stop=2)))[1] if held is not None else None
-        if example is None:
-            import numpy as np
-
-            example = np.random.default_rng(0).standard_normal((2, 3, *manifest.img_size)).astype(np.float32)
+        # the example the export traces with: two held-out images, or (--no-check) two of noise
+        example = next(iter(held.inputs.batches(2, stop=2)))[1] if held is not None else \
+            np.random.default_rng(0).standard_normal((2, 3, *manifest.img_size)).astype(np.float32)
         parts = float_parts(precision)
         t0 = time.perf_counter()
         with log.step(f"Compiling the {precision.upper()} AOTInductor package ({'PT2E INT8, ' if data else ''}"
