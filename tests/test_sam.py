@@ -451,20 +451,19 @@ def test_the_interior_point_lies_inside_rings_and_crescents():
 
 
 def _squares(size, seed):
-    """A truth map of an image (w, h): three squares of odd sides (an erosion leaves their centres) numbered 1, 2,
-    5, and a band of rows ignored (255)."""
+    """A truth map of an image (w, h): three squares of odd sides apart from one another (an erosion leaves each
+    one's centre), numbered 1, 2 and 5, one in each third of the width, and a band of rows below them ignored (255)."""
     w, h = size
     rng = np.random.default_rng(seed)
     gt = np.zeros((h, w), np.uint8)
     squares = []
-    for v, part in ((1, 3), (2, 5), (5, 9)):
-        half = min(w, h) // part
-        cx, cy = int(rng.integers(half + 1, w - half - 1)), int(rng.integers(half + 1, h - half - 1))
+    third = w // 3
+    for i, (v, part) in enumerate(((1, 3), (2, 4), (5, 7))):
+        half = min(third, h - 8) // part
+        cx = i * third + int(rng.integers(half + 1, third - half - 1))
+        cy = int(rng.integers(half + 1, h - 8 - half - 1))
         gt[cy - half:cy + half + 1, cx - half:cx + half + 1] = v
-    for v in (1, 2, 5):
-        ys, xs = np.nonzero(gt == v)
-        squares.append((v, ((xs.min() + xs.max()) // 2, (ys.min() + ys.max()) // 2),
-                        (xs.min(), ys.min(), xs.max(), ys.max())))
+        squares.append((v, (cx, cy), (cx - half, cy - half, cx + half, cy + half)))
     gt[h - 6:] = 255
     return gt, squares
 
@@ -519,7 +518,8 @@ def test_the_bench_judges_sam_against_ground_truth_objects_as_transformers_segme
         for key in want:
             want[key].append(np.mean(per[key]))
     for key in want:
-        # 7e-4 apart for the points (the float rounding of a point's scaling); a point moved by 6 pixels: 2e-3
-        assert abs(truth[key]["reference"] - np.mean(want[key])) < 1.5e-3, (key, truth[key], want[key])
+        # equal here; 1e-4 leaves a few pixels at a mask edge to another CPU's rounding (a point moved by 3 pixels:
+        # 2e-4)
+        assert abs(truth[key]["reference"] - np.mean(want[key])) < 1e-4, (key, truth[key], want[key])
         assert abs(truth[key]["diff"]) < 0.01 and truth[key]["diff_ci"][0] <= truth[key]["diff"]
         assert 0.0 < truth[key]["reference"] < 1.0  # random weights: neither every pixel nor none
