@@ -96,6 +96,15 @@ def test_without_torchao_the_command_and_the_row_say_why(digits_export, tmp_path
         AotiRunner(folder / "model.aoti.int8.pt2", "int8").load()
 
 
+def test_a_bf16_package_counts_the_linears_autocast_wraps(packaged, tmp_path):
+    folder = copy_export(packaged, tmp_path / "digits")
+    r = CliRunner().invoke(cli, ["aoti", str(folder), "--precision", "bf16", "-q"])
+    assert r.exit_code == 0, r.output
+    int8, bf16 = (json.loads((folder / "manifest.json").read_text())["precisions"][f"aoti-{p}"]["aoti"]
+                  for p in ("int8", "bf16"))
+    assert bf16["linears"] == int8["linears"] > 0 and bf16["facts"]["linear"] >= bf16["linears"]
+
+
 def test_predict_runs_the_package(packaged):
     r = CliRunner().invoke(cli, ["predict", str(packaged), str(HELDOUT / "3"), "--backend", "aoti", "--precision",
                                  "int8", "--top-k", "1", "--json", "-q"])

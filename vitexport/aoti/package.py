@@ -20,9 +20,10 @@ import os
 import re
 import warnings
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -37,18 +38,27 @@ _CALLS = {"qlinear": r"aoti_torch_cpu__qlinear_pointwise\w*\(", "linear": r"aoti
           "unfused": r"aoti_torch_cpu_(?:addmm|mm)_out\(", "qconv": r"aoti_torch_cpu__qconv\w*\("}
 
 
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """A library logger's warnings left out meanwhile (torch's C++ extension builder says it found no CUDA on every
+    CPU-only compile; torchao registers an enum torch now takes natively)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def import_torchao_pt2e() -> tuple[Any, Any, Any]:
     """(prepare_pt2e, convert_pt2e, the x86_inductor_quantizer module); BackendUnavailable without torchao."""
-    pytree = logging.getLogger("torch.utils._pytree")  # torchao registers an enum torch now takes natively: noise
-    level = pytree.level
-    pytree.setLevel(logging.ERROR)
     try:
-        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        with _quiet("torch.utils._pytree"):
+            import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     except ImportError as e:
         raise BackendUnavailable(f"PyTorch's INT8 path needs torchao ({INSTALL_TORCHAO}): {e}") from None
-    finally:
-        pytree.setLevel(level)
     return prepare_pt2e, convert_pt2e, xiq
 
 
@@ -108,7 +118,7 @@ def build_package(model, precision: str, example: np.ndarray, path: Path,
         raise VitexportError(f"Unknown package precision {precision!r}; choose one of: {', '.join(AOTI_PRECISIONS)}.")
     x = torch.from_numpy(np.ascontiguousarray(example[:2] if len(example) > 1 else np.repeat(example, 2, 0)))
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), _quiet("torch.utils.cpp_extension"):
         warnings.simplefilter("ignore")  # Inductor's own deprecation and copy-construct warnings
         if precision == "int8":
             prepare_pt2e, convert_pt2e, xiq = import_torchao_pt2e()
@@ -131,7 +141,8 @@ def build_package(model, precision: str, example: np.ndarray, path: Path,
         wrapped = _autocast(model, float_parts(precision) == "bf16")
         program = torch.export.export(wrapped, (x,), dynamic_shapes=({0: batch},))
         if precision != "int8":
-            linears = _linear_nodes(program.graph)
+            linears = sum(_linear_nodes(m.graph) for m in program.graph_module.modules()
+                          if isinstance(getattr(m, "graph", None), torch.fx.Graph))  # autocast's region: a submodule
         torch._inductor.aoti_compile_and_package(program, package_path=str(Path(path).resolve()),
                                                  inductor_configs={"freezing": freezing})
     return linears
