@@ -113,4 +113,4 @@ def test_predict_runs_the_package(packaged):
     top = [row["top"][0]["label"] for row in rows]
     assert len(top) == len(list((HELDOUT / "3").iterdir())) and top.count("3") >= 0.9 * len(top)
     fails_cleanly(CliRunner().invoke(cli, ["predict", str(packaged), str(HELDOUT / "3"), "--precision", "bf16"]),
-                  "--backend aoti")
+                  "bf16 runs on --backend pytorch (autocast) or --backend aoti")

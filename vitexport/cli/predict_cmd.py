@@ -39,7 +39,8 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path),
                 metavar="[MODEL_DIR] IMAGE_OR_FOLDER...")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "bf16"]), default="fp32", show_default=True,
-              help="Which model file to run (made first when missing; TensorRT needs `vitexport trt`).")
+              help="Which model file to run (made first when missing; TensorRT needs `vitexport trt`; bf16: PyTorch's "
+                   "autocast or an AOTInductor package, --backend pytorch or aoti).")
 @click.option("--backend", type=click.Choice(BACKEND_NAMES), default="onnxruntime", show_default=True)
 @click.option("--top-k", type=int, default=5, show_default=True, help="Classes shown per image (at least 1).")
 @click.option("--json", "as_json", is_flag=True,

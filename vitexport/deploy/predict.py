@@ -136,7 +136,7 @@ def _kind(backend: str, precision: str) -> str:
             raise VitexportError("An AOTInductor package is fp32, bf16 or int8 (PyTorch's CPU path).")
         return f"aoti-{precision}"
     if precision == "bf16":
-        raise VitexportError("bf16 is the precision of an AOTInductor package: --backend aoti.")
+        raise VitexportError("bf16 runs on --backend pytorch (autocast) or --backend aoti (a package).")
     return precision
 
 
