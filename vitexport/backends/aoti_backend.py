@@ -15,6 +15,16 @@ from .base import Runner
 ROW_SUFFIX = {"fp32": "aoti", "bf16": "compiled", "int8": "pt2e"}
 
 
+def _missing(module: str) -> bool:
+    """Whether `module` cannot be imported, asked without importing it (torchao's import takes seconds and speaks)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):  # a None entry in sys.modules (tests), or a broken package
+        return True
+
+
 class AotiRunner(Runner):
     backend = "pytorch"
     provider = "aoti"
@@ -33,11 +43,8 @@ class AotiRunner(Runner):
 
         if not self.path.is_file():
             need = ""
-            if self.precision == "int8":
-                try:
-                    __import__("torchao")
-                except ImportError:
-                    need = "; PT2E INT8 needs torchao: pip install 'vitexport[torch]'"
+            if self.precision == "int8" and _missing("torchao"):
+                need = "; PT2E INT8 needs torchao: pip install 'vitexport[torch]'"
             raise BackendUnavailable(f"no package {self.path.name} (`vitexport aoti --precision {self.precision}`, "
                                      f"or `bench --aoti`, makes it{need})")
         record = self._record()
