@@ -114,3 +114,16 @@ def test_predict_runs_the_package(packaged):
     assert len(top) == len(list((HELDOUT / "3").iterdir())) and top.count("3") >= 0.9 * len(top)
     fails_cleanly(CliRunner().invoke(cli, ["predict", str(packaged), str(HELDOUT / "3"), "--precision", "bf16"]),
                   "bf16 runs on --backend pytorch (autocast) or --backend aoti")
+
+
+@pytest.mark.e2e
+def test_bench_aoti_makes_both_packages_and_shows_their_rows(digits_export, tmp_path):
+    folder = copy_export(digits_export, tmp_path / "digits")
+    r = CliRunner().invoke(cli, ["bench", str(folder), "--aoti", "--backend", "pytorch", "--data", str(HELDOUT),
+                                 "--batch", "1", "--iterations", "2", "--json", str(tmp_path / "b.json")])
+    assert r.exit_code == 0, r.output
+    rows = {x["name"]: x for x in json.loads((tmp_path / "b.json").read_text())["results"]}
+    for name in ("pytorch cpu bf16 (compiled)", "pytorch cpu int8 (pt2e)"):
+        assert rows[name]["available"] and rows[name]["parity"]["n"] == 360, name
+        assert rows[name]["parity"]["top1_agree"] > 0.97 and rows[name]["latency"], name
+    assert not rows["pytorch cpu fp32 (aoti)"]["available"]  # not made by --aoti: one flag per use
