@@ -9,8 +9,8 @@ package (`.pt2`) that `torch._inductor.aoti_load_package` runs without Python mo
 
 Inductor fuses a quantized linear (oneDNN's qlinear_pointwise) only with freezing on; without it a package
 dequantizes the weights and runs FP32 matmuls, silently (pytorch/ao #4566). `package_facts` reads the package's
-generated wrapper for what it calls, and `fusion_problem` says when an INT8 package's linears are not the fused
-quantized kernels, or a bf16 one holds no bf16 at all.
+generated wrapper for what it calls, and `fusion_problem` says when an INT8 package has no fused quantized linear,
+or a bf16 one holds no bf16 at all.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import re
 import warnings
 import zipfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from ..data.digits import cache_dir
 from ..environment import cpu_has_bf16
-from ..errors import BackendUnavailable, VitexportError
+from ..errors import BackendUnavailable, VitexportError, first_line
 
 AOTI_PRECISIONS = ("fp32", "bf16", "int8")
 MAX_BATCH = 1024  # the package's symbolic batch axis: 1 to this
@@ -93,10 +93,6 @@ def _linear_only(xiq):
     return LinearOnly
 
 
-def first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
-
-
 def float_parts(precision: str) -> str:
     """The arithmetic of a package's float parts: 'bf16' for bf16, and for int8 where the CPU has BF16."""
     return "bf16" if precision == "bf16" or (precision == "int8" and cpu_has_bf16() is True) else "fp32"
@@ -125,12 +121,12 @@ def build_package(model, precision: str, example: np.ndarray, path: Path,
             quantizer = _linear_only(xiq)()
             quantizer.set_module_type_qconfig(torch.nn.Linear, xiq.get_default_x86_inductor_quantization_config())
             graph = torch.export.export(model, (x,), dynamic_shapes=({0: batch},)).module()
-            linears = _linear_nodes(graph.graph)
+            linears = _linear_nodes(graph)
             try:
                 prepared = prepare_pt2e(graph, quantizer)
             except (ValueError, NotImplementedError, AssertionError) as e:
-                raise VitexportError(f"torchao's PT2E quantizer cannot annotate this model ({first_line(e)}); make "
-                                     f"its fp32 or bf16 package instead.") from None
+                raise VitexportError(f"torchao's PT2E quantizer cannot annotate this model ({first_line(e)[:300]}); "
+                                     f"make its fp32 or bf16 package instead.") from None
             seen = 0
             for b in calibration:
                 prepared(torch.from_numpy(np.ascontiguousarray(b)))
@@ -141,17 +137,19 @@ def build_package(model, precision: str, example: np.ndarray, path: Path,
         wrapped = _autocast(model, float_parts(precision) == "bf16")
         program = torch.export.export(wrapped, (x,), dynamic_shapes=({0: batch},))
         if precision != "int8":
-            linears = sum(_linear_nodes(m.graph) for m in program.graph_module.modules()
-                          if isinstance(getattr(m, "graph", None), torch.fx.Graph))  # autocast's region: a submodule
+            linears = _linear_nodes(program.graph_module)
         torch._inductor.aoti_compile_and_package(program, package_path=str(Path(path).resolve()),
                                                  inductor_configs={"freezing": freezing})
     return linears
 
 
-def _linear_nodes(graph) -> int:
+def _linear_nodes(graph_module) -> int:
+    """The linear ops of a traced graph, its submodules' included (autocast's region is one)."""
     import torch
 
-    return sum(n.op == "call_function" and n.target is torch.ops.aten.linear.default for n in graph.nodes)
+    return sum(n.op == "call_function" and n.target is torch.ops.aten.linear.default
+               for m in graph_module.modules() if isinstance(getattr(m, "graph", None), torch.fx.Graph)
+               for n in m.graph.nodes)
 
 
 @dataclass(frozen=True)
@@ -166,8 +164,7 @@ class PackageFacts:
     bytes: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"qlinear": self.qlinear, "linear": self.linear, "unfused": self.unfused, "qconv": self.qconv,
-                "bf16": self.bf16, "bytes": self.bytes}
+        return asdict(self)
 
 
 def package_facts(path: Path) -> PackageFacts:

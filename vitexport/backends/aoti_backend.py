@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..environment import cpu_has_bf16
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, first_line
 from .base import Runner
 
 ROW_SUFFIX = {"fp32": "aoti", "bf16": "compiled", "int8": "pt2e"}
@@ -56,8 +56,7 @@ class AotiRunner(Runner):
         try:
             self._run = torch._inductor.aoti_load_package(str(self.path))
         except Exception as e:  # noqa: BLE001 - a package of another torch, CPU or build: the row says why
-            first = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
-            raise BackendUnavailable(f"PyTorch could not load {self.path.name}: {first}") from None
+            raise BackendUnavailable(f"PyTorch could not load {self.path.name}: {first_line(e)[:300]}") from None
         self.info = {"threads": torch.get_num_threads(), "torch": torch.__version__, "package": self.path.name}
 
     def _record(self) -> dict:
