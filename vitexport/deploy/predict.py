@@ -30,7 +30,7 @@ from ..paths import atomic_path, display_path
 from ..progress import QUIET, Log
 
 BACKENDS = ("onnxruntime", "pytorch", "openvino", "tensorrt", "aoti")
-PRECISIONS = ("fp32", "fp16", "int8", "bf16")  # bf16: an AOTInductor package's (--backend aoti)
+PRECISIONS = ("fp32", "fp16", "int8", "bf16")  # bf16: PyTorch's autocast or an AOTInductor package's
 
 
 @dataclass
@@ -134,7 +134,9 @@ def _kind(backend: str, precision: str) -> str:
     if backend == "aoti":
         if precision == "fp16":
             raise VitexportError("An AOTInductor package is fp32, bf16 or int8 (PyTorch's CPU path).")
-        return f"aoti-{precision}"
+        from ..aoti.make import aoti_kind
+
+        return aoti_kind(precision)
     if precision == "bf16":
         raise VitexportError("bf16 runs on --backend pytorch (autocast) or --backend aoti (a package).")
     return precision
