@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..artifacts.folder import TRITON_LABELS, ModelFolder, TritonModelFolder, external_data_of
+from ..artifacts.manifest import Manifest
 from ..artifacts.verify import require
 from ..artifacts.workspace import reading
 from ..data.preprocess import Preprocess
@@ -281,13 +282,13 @@ def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log
     repo.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[TritonModelFolder, TritonModel]] = []
     try:
-        staged.append(_stage_entry(folder, repo / name, opts, model, describing, plan_max,
+        staged.append(_stage_entry(folder, manifest, repo / name, opts, model, describing, plan_max,
                                    f"plan:{opts.precision}" if opts.format == "plan" else opts.precision, log))
         if manifest.decoder is not None:
             decoder = folder.decoder()
             dec_opts = replace(opts, format="onnx", uint8_input=False)
-            staged.append(_stage_entry(folder, repo / f"{name}-decoder", dec_opts, decoder, decoder, None, "decoder",
-                                       log))
+            staged.append(_stage_entry(folder, manifest, repo / f"{name}-decoder", dec_opts, decoder, decoder, None,
+                                       "decoder", log))
         for staging, entry in staged:
             _swap_in(staging.path, entry.folder.path)
     finally:
@@ -300,12 +301,11 @@ def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log
     return result
 
 
-def _stage_entry(folder: ModelFolder, path: Path, opts: TritonOptions, model: Path, describing: Path,
-                 plan_max: int | None, kind: str, log: Log) -> tuple[TritonModelFolder, TritonModel]:
+def _stage_entry(folder: ModelFolder, manifest: Manifest, path: Path, opts: TritonOptions, model: Path,
+                 describing: Path, plan_max: int | None, kind: str, log: Log) -> tuple[TritonModelFolder, TritonModel]:
     """REPO/NAME staged in a folder beside it (removed again when anything fails): the model file of `kind`, once
     it verifies, its config and labels; the staging folder and the entry as it will be."""
     target = TritonModelFolder(path)
-    manifest = folder.read_manifest()
     with _writing(target.path):
         staging = TritonModelFolder(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".staging", dir=path.parent))
     try:
