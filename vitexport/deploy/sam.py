@@ -26,6 +26,7 @@ from ..errors import VitexportError
 from ..paths import display_path
 from ..progress import QUIET, Log
 from ..parity.masks import postprocess_masks
+from ..validate.sam_masks import decode
 from .dense import _save_png, _stems, refuse_existing
 
 
@@ -118,10 +119,7 @@ def iter_masks(folder: ModelFolder, images: Sequence[Path | str], out: Path,
                 w, h = img.size
                 nw, nh = pp.resized_size(w, h)
                 coords, labels = prompts_to_inputs(points, box, (nw / w, nh / h))
-                masks, iou = session.run(["masks", "iou_predictions"], {
-                    "image_embeddings": e[None].astype(np.float32), "point_coords": coords[None],
-                    "point_labels": labels[None], "mask_input": np.zeros((1, 1, s, s), np.float32),
-                    "has_mask_input": np.zeros(1, np.float32)})
+                masks, iou = decode(session, e[None], coords[None], labels[None], s)
                 full = postprocess_masks(masks[0], side, (min(nh, side), min(nw, side)), (h, w))
                 k = select_mask(iou[0], len(labels))
                 written = {}

@@ -15,6 +15,17 @@ from ..parity.masks import PROMPTS, postprocess_masks, truth_iou, truth_objects
 TRUTH_CHUNK = 8  # objects decoded a call (the embedding is repeated for each)
 
 
+def decode(session, emb: np.ndarray, coords: np.ndarray, labels: np.ndarray,
+           mask_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The decoder graph's session on k embeddings (k, C, E, E) with k prompts (point_coords (k, N, 2), point_labels
+    (k, N)), no previous mask: every mask's low-resolution logits (k, M, S, S) and the scores (k, M)."""
+    k = len(coords)
+    masks, scores = session.run(["masks", "iou_predictions"], {
+        "image_embeddings": np.ascontiguousarray(emb, np.float32), "point_coords": coords, "point_labels": labels,
+        "mask_input": np.zeros((k, 1, mask_size, mask_size), np.float32), "has_mask_input": np.zeros(k, np.float32)})
+    return masks, scores
+
+
 class PromptedMasks:
     """The decoder graph run on image embeddings with the fixed prompts."""
 
@@ -47,11 +58,8 @@ class PromptedMasks:
             k = len(prompts)
             coords = np.stack([c for _, c, _ in prompts])  # (k, rows, 2)
             labels = np.stack([lb for _, _, lb in prompts])  # (k, rows)
-            feeds = {"image_embeddings": np.repeat(emb, k, axis=0),  # (B*k, C, E, E): image-major
-                     "point_coords": np.tile(coords, (B, 1, 1)), "point_labels": np.tile(labels, (B, 1)),
-                     "mask_input": np.zeros((B * k, 1, self.mask_size, self.mask_size), np.float32),
-                     "has_mask_input": np.zeros(B * k, np.float32)}
-            m, s = self.session.run(["masks", "iou_predictions"], feeds)  # (B*k, M, S, S), (B*k, M)
+            m, s = decode(self.session, np.repeat(emb, k, axis=0),  # (B*k, C, E, E): image-major
+                          np.tile(coords, (B, 1, 1)), np.tile(labels, (B, 1)), self.mask_size)
             m = (m > 0).reshape(B, k, *m.shape[1:])
             s = s.reshape(B, k, -1)
             for j, (i, _, _) in enumerate(prompts):
@@ -80,12 +88,8 @@ class PromptedMasks:
                 chunk = objects[at:at + TRUTH_CHUNK]
                 pairs = [self.prompts_to_inputs([(*pt, 1)], None, scale) if kind == "point" else
                          self.prompts_to_inputs([], box, scale) for _, pt, box in chunk]
-                k = len(chunk)
-                feeds = {"image_embeddings": np.repeat(np.ascontiguousarray(emb[None], np.float32), k, axis=0),
-                         "point_coords": np.stack([c for c, _ in pairs]), "point_labels": np.stack([lb for _, lb in pairs]),
-                         "mask_input": np.zeros((k, 1, self.mask_size, self.mask_size), np.float32),
-                         "has_mask_input": np.zeros(k, np.float32)}
-                m, s = self.session.run(["masks", "iou_predictions"], feeds)
+                m, s = decode(self.session, np.repeat(emb[None], len(chunk), axis=0),
+                              np.stack([c for c, _ in pairs]), np.stack([lb for _, lb in pairs]), self.mask_size)
                 for j, (obj, _, _) in enumerate(chunk):
                     pick = self.select(s[j], len(pairs[j][1]))
                     full = postprocess_masks(m[j, pick:pick + 1], self.image_size, resized, (H, W))[0]
