@@ -51,6 +51,8 @@ def rows(folder: Path) -> dict:
 
 
 def measure(folder: Path, rounds: int, runs: int) -> dict:
+    from bench_dense_cpu import interleaved  # this folder's script: the same interleaved rounds
+
     from vitexport.artifacts.folder import ModelFolder
     from vitexport.data.images import load_folder
 
@@ -68,23 +70,10 @@ def measure(folder: Path, rounds: int, runs: int) -> dict:
     result = {}
     for b in (1, 8):
         x = np.ascontiguousarray(np.resize(photos, (b, *photos.shape[1:])))
-        for r in runners.values():
-            for _ in range(3):
-                r.infer(x)  # warm-up: a new batch shape's first calls
-        times: dict[str, list[float]] = {k: [] for k in runners}
-        for _ in range(rounds):
-            for name, r in runners.items():
-                one = []
-                for _ in range(runs):
-                    t0 = time.perf_counter()
-                    r.infer(x)
-                    one.append((time.perf_counter() - t0) * 1000)
-                times[name].append(statistics.median(one))
-        base = times["onnxruntime cpu fp32"]
-        for name, t in times.items():
-            ratios = [a / v for a, v in zip(base, t)]
+        # three warm-up calls: a new batch shape's first ones build the runtimes' kernels for it
+        for name, ms, ratios in interleaved(runners, x, rounds, runs, warmup=3):
             result.setdefault(name, {"min_cos": round(cos[name], 5)})[f"batch {b}"] = {
-                "median_ms": round(statistics.median(t), 2), "ratio": round(statistics.median(ratios), 2),
+                "median_ms": round(ms, 2), "ratio": round(statistics.median(ratios), 2),
                 "range": [round(min(ratios), 2), round(max(ratios), 2)]}
     for r in runners.values():
         r.close()

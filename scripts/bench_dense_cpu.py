@@ -124,17 +124,26 @@ def timing(folder: Path, rounds: int, runs: int) -> list[tuple[str, float, list[
             "openvino cpu int8": OpenVinoRunner(folder / "model.int8.onnx", "int8", **io)}
     for r in rows.values():
         r.load()
-        r.infer_all(x, chunk=1)  # warm-up
+    return interleaved(rows, x, rounds, runs)
+
+
+def interleaved(rows: dict, x: np.ndarray, rounds: int, runs: int,
+                warmup: int = 1) -> list[tuple[str, float, list[float]]]:
+    """[(row, median ms, [first row's / this row's time, per round])] of loaded runners on the batch x: each warmed
+    up, then `rounds` rounds of `runs` calls a row in turn, the median call of each round kept."""
+    for r in rows.values():
+        for _ in range(warmup):
+            r.infer(x)
     times: dict[str, list[float]] = {k: [] for k in rows}
     for _ in range(rounds):
         for name, r in rows.items():
             one = []
             for _ in range(runs):
                 t0 = time.perf_counter()
-                r.infer_all(x, chunk=1)
+                r.infer(x)
                 one.append((time.perf_counter() - t0) * 1000)
             times[name].append(statistics.median(one))
-    base = times["onnxruntime cpu fp32"]
+    base = next(iter(times.values()))
     return [(k, statistics.median(v), [b / t for b, t in zip(base, v)]) for k, v in times.items()]
 
 
