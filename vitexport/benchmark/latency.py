@@ -23,6 +23,7 @@ MIN_TIMED_S = 4.0
 TIGHT = 0.05  # ... and stopping before MIN_RUNS runs takes every run within 5 % of their median, too
 DEFAULT_RUNS = 10
 STABLE = 0.02
+SAMPLES = 200  # runs kept for a report's latency distribution; more are summarised by this many quantiles
 BUDGET_S = 6.0  # hyperfine's rule for a slow command is 3 runs and 3 s at least
 
 
@@ -49,6 +50,7 @@ class Latency:
     server_inferences: int | None = None  # ... and images
     server_queue_ms: float | None = None  # per request, queued in the server
     server_compute_ms: float | None = None  # per request, computing (input, inference, output)
+    samples_ms: list[float] | None = None  # the timed runs (at most SAMPLES, then that many quantiles of them)
 
 
 def takes_batch(runner: Runner, b: int, info: dict, log) -> bool:
@@ -63,6 +65,12 @@ def takes_batch(runner: Runner, b: int, info: dict, log) -> bool:
 
 def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
+
+
+def kept_samples(ms: list[float], limit: int = SAMPLES) -> list[float]:
+    """The runs as a report keeps them: all of them up to `limit`, else `limit` evenly spaced quantiles."""
+    values = np.asarray(ms, np.float64) if len(ms) <= limit else np.quantile(ms, np.linspace(0, 1, limit))
+    return [round(float(v), 4) for v in values]
 
 
 def _copy_times(runner: Runner, x: np.ndarray, staged: object) -> tuple[float, float]:
@@ -120,4 +128,5 @@ def measure_latency(runner: Runner, x: np.ndarray, iterations: int | None, min_t
         ms.append(runner.timed_run(staged))
     mean = statistics.fmean(ms)
     return Latency(b, len(ms), mean, _percentile(ms, 50), _percentile(ms, 90), _percentile(ms, 99),
-                   b / (mean / 1e3), h2d, d2h, stable=None if iterations is not None else median_stable(ms))
+                   b / (mean / 1e3), h2d, d2h, stable=None if iterations is not None else median_stable(ms),
+                   samples_ms=kept_samples(ms))

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..backends.endpoint import EndpointRunner
 from ..progress import QUIET, Log
-from .latency import Latency
+from .latency import Latency, kept_samples
 
 STABILITY = 0.10  # the last three windows within 10 % of their mean
 STABLE_WINDOWS = 3
@@ -64,7 +64,8 @@ def summarise(windows: list[Window], concurrency: int, is_stable: bool) -> Laten
     b = used[0].batch
     return Latency(b, len(ms), float(ms.mean()), float(np.percentile(ms, 50)), float(np.percentile(ms, 90)),
                    float(np.percentile(ms, 99)), len(ms) * b / max(seconds, 1e-9), concurrency=concurrency,
-                   stable=is_stable, windows=len(windows), p95_ms=float(np.percentile(ms, 95)))
+                   stable=is_stable, windows=len(windows), p95_ms=float(np.percentile(ms, 95)),
+                   samples_ms=kept_samples(list(ms)))
 
 
 async def _measure(runner: EndpointRunner, staged, concurrency: int, window_s: float, min_requests: int,

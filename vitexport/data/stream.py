@@ -235,6 +235,14 @@ class InputCache:
                 f.readinto(memoryview(view.reshape(-1).view(np.uint8)))
                 yield i, self._normalise(view)
 
+    def item(self, i: int) -> np.ndarray:
+        """Input i as stored: its (H, W, 3) uint8 crop, or a .npy set's (3, H, W) float32 array."""
+        out = np.empty(self.item_shape, self.dtype)
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(i * self.item_bytes)
+            f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+        return out
+
     def sample(self, batch: int) -> np.ndarray:
         """A (batch, 3, H, W) input of real images for timing: the first ones, repeated when there are fewer."""
         first = next(self.batches(min(batch, self.n)))[1]

@@ -11,6 +11,7 @@ import numpy as np
 
 from .compare import ParityStats
 from .dense_accumulate import DenseAccumulator
+from .examples import MAX_DENSE, MAX_FLIPS, Worst, offer_flips
 from .stats import clopper_pearson, paired_drop
 
 
@@ -74,9 +75,11 @@ class ParityAccumulator:
         self.ref_in_top5 = np.zeros(self.n, bool)  # the reference's top-1 is in the candidate's top-5
         self.right = {k: np.zeros(self.n, bool) for k in ("ref1", "out1", "ref5", "out5")}
         self.dense = truth.dense
+        # the images that explain a miss (parity.examples): flipped top-1s, or a dense model's worst maps
+        self.worst = Worst(MAX_FLIPS if truth.dense is None else MAX_DENSE)
         self.dense_figures = None if truth.dense is None else \
             DenseAccumulator(truth.dense, self.n, truth.read_truth, truth.relative_depth, truth.image_part,
-                             truth.masks)
+                             truth.masks, self.worst)
 
     def update(self, start: int, ref: np.ndarray, out: np.ndarray) -> None:
         if self.dense is not None:
@@ -98,6 +101,8 @@ class ParityAccumulator:
         self.abs_sum, self.values = self.abs_sum + float(diff.sum()), self.values + diff.size
         self.ref_top1[s], self.out_top1[s] = ref.argmax(1), out.argmax(1)
         self.ref_in_top5[s] = _in_top5(out, self.ref_top1[s])
+        if self.dense is None and ref.shape[1] > 1:
+            offer_flips(self.worst, start, ref, out)
         if self.labels is not None:
             y = self.labels[s]
             self.right["ref1"][s], self.right["out1"][s] = self.ref_top1[s] == y, self.out_top1[s] == y
@@ -168,6 +173,10 @@ class ParityAccumulator:
         st.real_acc_ci = list(clopper_pearson(int(out.sum()), n))
         _, lo, hi = paired_drop(int((ref & ~out).sum()), int((~ref & out).sum()), n)
         st.real_acc_drop_ci = [lo * 100, hi * 100]
+
+    def examples(self) -> list[dict]:
+        """The worst images of the run, worst first (parity.examples): index, score and what to show of each."""
+        return self.worst.records()
 
     def per_class(self) -> list[dict]:
         """Top-1 accuracy of the reference and the candidate per labelled class: [{class, n, acc_ref, acc}]."""

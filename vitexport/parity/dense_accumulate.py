@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from .examples import Worst, offer_dense
 from .dense import IGNORE_INDEX, bootstrap_miou, depth_truth_figures, figures, segmentation_truth_figures, set_miou
 from .stats import mean_interval
 
@@ -26,7 +27,8 @@ TRUTH_SINGLES = {"depth": ("absrel", "delta1"), "segmentation": ("pixel_acc",), 
 class DenseAccumulator:
     def __init__(self, kind: str, n: int, read_truth: Callable[[int], np.ndarray | None] | None = None,
                  relative_depth: bool = True, image_part: Callable | None = None,
-                 masks: Callable | None = None) -> None:
+                 masks: Callable | None = None, worst: Worst | None = None) -> None:
+        self.worst = worst  # the worst images' figures and maps, for a report (parity.examples)
         self.kind, self.n, self.read_truth, self.relative_depth = kind, n, read_truth, relative_depth
         self.masks = masks  # SAM: the prompted decoder (validate.sam_masks.PromptedMasks)
         self.image_part = image_part or (lambda maps, size: maps)  # the maps over the image, before resizing
@@ -44,6 +46,7 @@ class DenseAccumulator:
                 raise ValueError("SAM's mask figures need the decoder graph")
             iou = compare_masks(self.masks, ref, out.astype(np.float32))  # (B, prompts)
             self.first[s], self.second[s] = iou.mean(axis=1), iou.min(axis=1)
+            self._offer(start, ref, out, 1 - self.first[s], {"mask_iou": self.first[s], "mask_iou_min": self.second[s]})
             for i in range(len(ref) if self.read_truth is not None else 0):
                 if (gt := self.read_truth(start + i)) is not None:  # type: ignore[misc]
                     for who, x in (("ref", ref[i]), ("out", out[i])):
@@ -59,10 +62,16 @@ class DenseAccumulator:
                 c = got[1].shape[1]
                 self.counts = (np.zeros((self.n, c)), np.zeros((self.n, c)))
             self.counts[0][s], self.counts[1][s] = got[1], got[2]
+        self._offer(start, ref, out, *((self.first[s], {"absrel": self.first[s], "delta1": self.second[s]})
+                                        if self.kind == "depth" else (1 - self.first[s], {"pixel_agree": self.first[s]})))
         if self.read_truth is not None:
             for i in range(len(ref)):
                 if (gt := self.read_truth(start + i)) is not None:
                     self._against_truth(start + i, gt, ref[i], out[i])
+
+    def _offer(self, start: int, ref: np.ndarray, out: np.ndarray, scores: np.ndarray, shown: dict) -> None:
+        if self.worst is not None:
+            offer_dense(self.worst, self.kind, start, ref, out, scores, shown)
 
     def _against_truth(self, i: int, gt: np.ndarray, ref: np.ndarray, out: np.ndarray) -> None:
         for who, x in (("ref", ref), ("out", out)):

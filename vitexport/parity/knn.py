@@ -85,3 +85,11 @@ def knn_figures(ref: Neighbours, out: Neighbours, labels: np.ndarray | None) -> 
     return {**d, "knn_acc_ref": float(r_ok.mean()), "knn_acc": float(o_ok.mean()),
             "knn_acc_ci": list(clopper_pearson(int(o_ok.sum()), n)), "knn_drop": drop * 100,
             "knn_drop_ci": [lo * 100, hi * 100], "knn_flips_down": down, "knn_flips_up": up}
+
+
+def neighbour_changes(ref: Neighbours, out: Neighbours, limit: int = 12) -> list[dict]:
+    """The first `limit` images whose nearest other image is not the reference's: [{index, reference_neighbour,
+    output_neighbour}] (a report shows the three)."""
+    changed = np.flatnonzero(out.nearest != ref.nearest)[:limit]
+    return [{"index": int(i), "reference_neighbour": int(ref.nearest[i]), "output_neighbour": int(out.nearest[i])}
+            for i in changed]

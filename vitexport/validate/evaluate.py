@@ -44,6 +44,7 @@ class Evaluation:
     per_class: list[dict] = field(default_factory=list)
     seconds: float = 0.0  # inference, reference included when it ran in step
     read_seconds: float = 0.0  # reading and normalising the cached inputs
+    examples: list[dict] = field(default_factory=list)  # the worst images, worst first (parity.examples)
 
     def timing(self) -> dict:
         n = self.stats.n
@@ -62,6 +63,8 @@ def evaluate(candidate: Infer, inputs: InputCache, labels: np.ndarray | Truth | 
     """
     batch = batch or getattr(inputs, "batch", None) or EVAL_BATCH
     acc = ParityAccumulator(inputs.n, labels)
+    if reference is None:
+        acc.worst.limit = 0  # the reference against itself: nothing to show
     infer_s = read_s = 0.0
     with log.bar(label, inputs.n) as advance:
         t_read = time.perf_counter()
@@ -83,7 +86,7 @@ def evaluate(candidate: Infer, inputs: InputCache, labels: np.ndarray | Truth | 
             t_read = time.perf_counter()
     if record is not None:
         record.finish()
-    return Evaluation(acc.stats(), acc.per_class(), infer_s, read_s)
+    return Evaluation(acc.stats(), acc.per_class(), infer_s, read_s, acc.examples())
 
 
 @dataclass
