@@ -103,10 +103,9 @@ def test_every_cpu_row_is_judged_by_its_task_against_the_reference_and_the_truth
     assert "against ground truth on 8 images: AbsRel" in " ".join(r.output.split())
 
 
-def test_a_flipped_map_fails_strict(depth_folder, tmp_path):
-    """The INT8 graph with its depth map mirrored left to right (its record's digest updated, so the folder is
-    consistent): its values and their spread are the same, its task figures are not."""
-    out, data = depth_folder
+def _flipped(out, tmp_path):
+    """A copy of the folder whose INT8 graph mirrors its depth map left to right (its record's digest updated, so
+    the folder is consistent): its values and their spread are the same, its task figures are not."""
     import shutil
 
     folder = tmp_path / "out"
@@ -127,11 +126,57 @@ def test_a_flipped_map_fails_strict(depth_folder, tmp_path):
     manifest["precisions"]["int8"]["sha256"] = sha256_file(path)
     manifest["precisions"]["int8"]["bytes"] = path.stat().st_size
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    r, rows = bench(folder, data, "--strict")
+    return folder
+
+
+def test_a_flipped_map_fails_strict(depth_folder, tmp_path):
+    out, data = depth_folder
+    r, rows = bench(_flipped(out, tmp_path), data, "--strict")
     assert r.exit_code == 1, r.output
     st = rows["onnxruntime cpu int8"]["parity"]
     assert st["status"] == "fail" and any("AbsRel" in f for f in st["failures"])
     assert st["truth"]["absrel"]["diff_ci"][0] > 0  # worse against the truth too, decided on these images
+
+
+def test_the_page_of_a_flipped_map_shows_its_worst_images_with_their_maps_in_a_browser(depth_folder, browser,
+                                                                                       tmp_path):
+    """`bench --html`: the INT8 row's images worst first by their AbsRel against the reference (here against ONNX
+    Runtime's FP32 graph, which the reference matches to 1e-4), each with the reference's map, the row's and the
+    error between them, every picture loaded in a real browser."""
+    import onnxruntime as ort
+    from browser import open_page
+
+    from vitexport.parity.examples import MAX_DENSE
+
+    out, data = depth_folder
+    folder = _flipped(out, tmp_path)
+    r, rows = bench(folder, data, "--html", str(tmp_path / "page.html"))
+    assert r.exit_code == 0, r.output
+    page = open_page(browser, tmp_path / "page.html", tmp_path / "page.png")
+    assert page.messages == [] and page.requests == []
+    images = page.images()
+    assert images and all(i["complete"] and i["width"] > 0 for i in images)
+    shown = rows["onnxruntime cpu int8"]["examples"]
+    assert len(shown) == min(MAX_DENSE, len(PHOTOS)) and all(set(e["maps"]) >= {"reference", "output", "error"}
+                                                             for e in shown)
+    pp = _preprocess_of(folder)
+    fp32, int8 = (ort.InferenceSession(str(folder / f), providers=["CPUExecutionProvider"])
+                  for f in ("model.onnx", "model.int8.onnx"))
+    absrel = {}
+    for photo in sorted(data.glob("*.png")):
+        if photo.name.endswith(".depth.png"):
+            continue
+        x = load_image(photo, pp)[None]
+        ref, got = (s.run(None, {s.get_inputs()[0].name: x})[0][0] for s in (fp32, int8))
+        absrel[photo.name] = float((np.abs(got - ref) / ref)[ref > 0].mean())
+    pictures = json.loads((folder.parent / "bench.json").read_text())["pictures"]
+    named = [pictures[str(e["index"])]["file"] for e in shown]
+    assert named == sorted(absrel, key=lambda k: -absrel[k])[:len(shown)]
+    for e in shown:
+        assert e["absrel"] == pytest.approx(absrel[pictures[str(e["index"])]["file"]], rel=2e-2)
+    section = 'section[data-row="onnxruntime cpu int8"]'
+    assert page.count(f"{section} .dense") == len(shown) and page.count(f"{section} .dense figure img") == 4 * len(shown)
+    assert page.page.is_visible(f"{section} .dense img")  # a row that misses: shown, not folded away
 
 
 @pytest.fixture(scope="module")

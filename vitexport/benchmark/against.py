@@ -9,7 +9,7 @@ import os
 from ..backends.base import Runner
 from ..data.stream import OutputStore
 from ..errors import VitexportError
-from ..parity.knn import Neighbours, knn_figures, neighbours
+from ..parity.knn import Neighbours, knn_figures, neighbour_changes, neighbours
 from ..progress import Log
 from ..validate.evaluate import Evaluation, ValidationSet, evaluate
 
@@ -56,3 +56,5 @@ def _judge_embeddings(ev: Evaluation, store: OutputStore, vset: ValidationSet, r
     assert ref.neighbours is not None
     for k, v in knn_figures(ref.neighbours, nb, vset.set_labels).items():
         setattr(ev.stats, k, v)
+    if not is_reference:  # an embedding's top-1 flips mean nothing: the images whose nearest neighbour changed
+        ev.examples = neighbour_changes(ref.neighbours, nb)

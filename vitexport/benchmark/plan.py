@@ -78,3 +78,21 @@ def default_bench_data(variant: str, log: Log = QUIET) -> Path:
         log.warn(f"Could not make the digits' default set of {DEFAULT_COUNT:,} images in the cache ({e.strerror or e}; "
                  f"$VITEXPORT_CACHE moves it): validating on the {shipped} images instead.")
         return shipped
+
+
+def refuse_unusable(data: Path, manifest: Manifest) -> None:
+    """The sentence the bench would give minutes later, after making graphs, when no image of `data` decodes; its
+    images are tried until one does (one decode for a usable folder)."""
+    from ..data.images import ImageError, decode_crop
+    from ..data.stream import open_images
+
+    images = open_images(data)
+    if images.npy or not images.files:
+        return  # read and judged by the run itself
+    for f in images.files:
+        try:
+            decode_crop(f, manifest.preprocess)
+            return
+        except ImageError as e:
+            images.skipped.add_error(e)
+    raise images.skipped.nothing_usable(len(images.files), images.source)

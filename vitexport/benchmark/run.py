@@ -18,7 +18,7 @@ from ..artifacts.manifest import Manifest
 from ..artifacts.verify import MISSING, FileCheck, check_folder
 from ..artifacts.workspace import reading
 from ..backends.base import Runner
-from ..ensure import ensure_artifact, open_model
+from ..ensure import ensure_artifact, open_model, stale_reason
 from ..environment import cuda_gpu, environment, usable_cores
 from ..errors import BackendUnavailable, ParityError, VitexportError
 from ..model.labels import class_names
@@ -31,7 +31,9 @@ from ..preflight import check_batches
 from ..progress import QUIET, Log
 from ..validate.evaluate import ValidationSet, eval_batch, open_validation
 from .against import Reference, parity_pass
-from .plan import bench_sizes, default_bench_data, generated_note, judged_output, torch_model
+from .examples import attach
+from .plan import bench_sizes, default_bench_data, generated_note, judged_output, refuse_unusable, torch_model
+from ..backends.ort_backend import OrtRunner
 from .latency import Latency, measure_latency, takes_batch
 from .served import EndpointOptions, endpoint_runners, partial, probe, time_served
 
@@ -59,6 +61,10 @@ class BenchOptions:
     warmup: int = 1
     threads: int | None = None  # default: every core this process may use
     backends: tuple[str, ...] = ()  # substrings of runner names to keep; empty: all
+    rows: tuple[str, ...] = ()  # ... or exactly these rows (`quantize --html`: the graph just made)
+    timed: bool = True  # False: parity only (`quantize --html`)
+    extra: tuple[tuple[str, str, Path], ...] = ()  # (row kind, precision, ONNX file) outside the manifest, on ONNX
+    # Runtime's CPU provider: `quantize --html`'s rejected graph
     thresholds: dict[str, Thresholds] = field(default_factory=dict)  # per-precision overrides
     strict: bool = False
     max_images: int | None = None  # this many images spread evenly over --data (None: every one)
@@ -88,6 +94,7 @@ class BackendResult:
     timing: dict = field(default_factory=dict)  # the parity pass: inference and input-reading seconds, images/s
     img_size: tuple[int, int] | None = None  # a dynamic-size export benched at several sizes: this row's
     error: str = ""  # a served row that stopped part-way: why, and how far it got (a failure of the bench)
+    examples: list[dict] = field(default_factory=list)  # the images that explain a miss, worst first (parity.examples)
 
     @property
     def missed_parity(self) -> bool:
@@ -99,7 +106,7 @@ class BackendResult:
                 "parity": None if self.parity is None else self.parity.to_dict(),
                 "latency": [asdict(lt) for lt in self.latency], "per_class": self.per_class, "timing": self.timing,
                 **({} if self.img_size is None else {"img_size": list(self.img_size)}),
-                **({"error": self.error} if self.error else {})}
+                **({"error": self.error} if self.error else {}), **({"examples": self.examples} if self.examples else {})}
 
 
 @dataclass
@@ -115,6 +122,8 @@ class BenchReport:
     options: dict
     results: list[BackendResult]
     wall_s: float = 0.0
+    pictures: dict = field(default_factory=dict)  # str(input index): {file, thumb} of the images examples name
+    command: str = ""  # the command line that made it
 
     @property
     def passed(self) -> bool:
@@ -171,6 +180,9 @@ def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = No
     if prepare:
         for kind in PREPARED_KINDS + (GPU_PREPARED_KINDS if cuda_gpu() is not None else ()) + \
                 (AOTI_PREPARED_KINDS if aoti else ()):
+            with reading(folder, log):  # a file made with other options is the user's: benched as it is
+                if stale_reason(folder, kind, None) is None:
+                    continue
             try:
                 ensure_artifact(folder, kind, calib=CalibOptions(check=False), log=log)
             except ParityError:
@@ -178,24 +190,6 @@ def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = No
             except VitexportError as e:
                 log.warn(f"Could not prepare the {kind.upper()} model: {e}")
     return folder
-
-
-def refuse_unusable(data: Path, manifest: Manifest) -> None:
-    """The sentence the bench would give minutes later, after making graphs, when no image of `data` decodes; its
-    images are tried until one does (one decode for a usable folder)."""
-    from ..data.images import ImageError, decode_crop
-    from ..data.stream import open_images
-
-    images = open_images(data)
-    if images.npy or not images.files:
-        return  # read and judged by the run itself
-    for f in images.files:
-        try:
-            decode_crop(f, manifest.preprocess)
-            return
-        except ImageError as e:
-            images.skipped.add_error(e)
-    raise images.skipped.nothing_usable(len(images.files), images.source)
 
 
 def discover(folder: ModelFolder, model, threads: int, gpu: bool,
@@ -261,14 +255,14 @@ def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], 
         with log.step(f"{runner.name}"):
             ev, is_reference = parity_pass(runner, vset, ref, log)
             res.parity = judge(ev.stats, runner.precision, opts.thresholds.get(runner.precision))
-            res.per_class, res.timing = ev.per_class, ev.timing()
+            res.per_class, res.timing, res.examples = ev.per_class, ev.timing(), ev.examples
             if not runner.timed:
                 res.info["not_timed"] = "the graph is shaped for another runtime; its speed here means nothing"
             if served:
                 res.latency = time_served(runner, vset.inputs.sample, batches, opts.endpoints, opts.min_time,
                                           opts.warmup, res.info, log)
                 _relative(res.latency, ref)
-            for b in batches if runner.timed and not served else ():
+            for b in batches if runner.timed and opts.timed and not served else ():
                 if not takes_batch(runner, b, res.info, log):
                     continue
                 lat = measure_latency(runner, vset.inputs.sample(b), opts.iterations, opts.min_time, opts.warmup)
@@ -350,8 +344,9 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
     output, embedding = judged_output(manifest, opts.judge_output)
     model = torch_model(manifest, output, log)
     runners = discover(folder, model, threads, gpu, (manifest.input_name, output))
-    if opts.backends:
-        runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends)
+    runners += [OrtRunner(path, prec, "cpu", threads, manifest.input_name, output, kind) for kind, prec, path in opts.extra]
+    if opts.backends or opts.rows:
+        runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends) or r.name in opts.rows
                    or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu"
                        and r.provider != "aoti")]  # the reference, whatever --backend says
     served = endpoint_runners(manifest, opts.endpoints)  # asked for by URL: kept whatever --backend says
@@ -361,7 +356,7 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
     runners += served
     wrong = {c.path: c for c in checks if c.problem}
     results: list[BackendResult] = []
-    data, reference = {}, []
+    data, reference, pictures = {}, [], {}
     for size in sizes:  # one pass over the data per size, each against the PyTorch reference at that size
         vset = _open_inputs(replace(manifest, num_classes=0) if embedding else manifest, opts, log, size)
         try:
@@ -371,6 +366,7 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
                 for res in at:
                     res.name, res.img_size = f"{res.name} @ {size[0]}x{size[1]}", tuple(size)
             results += at
+            attach([r.examples for r in at], vset, None if embedding else class_names(manifest), pictures)
             reference.append(ref.name)
             data = data or _data(vset, manifest.num_classes, ref.knn, generated_note(manifest.variant, opts.data,
                                                                                      vset.source))
@@ -394,6 +390,4 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
                  "warmup": opts.warmup, "threads": threads, "strict": opts.strict, "max_images": opts.max_images,
                  **({"concurrency": list(opts.endpoints.concurrency), "timeout_s": opts.endpoints.timeout}
                     if served else {})},
-        results=results,
-        wall_s=time.perf_counter() - t_start,
-    )
+        results=results, wall_s=time.perf_counter() - t_start, pictures=pictures)

@@ -54,6 +54,14 @@ def _report_file(ctx: click.Context, param: click.Parameter, path: Path | None) 
     return path
 
 
+def command_line() -> str:
+    """The command as typed: `vitexport ARGS` (a report says what made it)."""
+    import shlex
+    import sys
+
+    return "vitexport " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
 def _bench_options(data, labels, max_images, workers, batches, iterations, min_time, warmup, threads, backends,
                    thresholds, strict, judge_output, knn_k, knn_t, depth_scale):
     """BenchOptions' fields; the command makes them one after its checks (bench.py loads torch)."""
@@ -162,6 +170,7 @@ class ReportFiles:
     markdown: Path | None = None
     csv: Path | None = None
     plot: Path | None = None
+    html: Path | None = None
 
 
 REPORT = OptionGroup(
@@ -173,8 +182,13 @@ REPORT = OptionGroup(
         opt("--plot", "plot_path", type=click.Path(path_type=Path), default=None, callback=_report_file,
             help="PNG: accuracy (or top-1 agreement) against throughput, a point per backend and batch, with the "
                  "Pareto front."),
+        opt("--html", "html_path", type=click.Path(path_type=Path), default=None, callback=_report_file,
+            help="One self-contained page (no network): the run, the rows (sortable), the accuracy/throughput "
+                 "chart, each row's latency distribution, and the images where rows differ from the reference "
+                 "(flipped top-1s, changed neighbours, a dense model's worst maps)."),
     ],
-    lambda json_path, markdown_path, csv_path, plot_path: ReportFiles(json_path, markdown_path, csv_path, plot_path),
+    lambda json_path, markdown_path, csv_path, plot_path, html_path: ReportFiles(json_path, markdown_path, csv_path,
+                                                                                plot_path, html_path),
 )
 
 
@@ -206,9 +220,10 @@ def bench_command(target, spec, opts, endpoint, no_prepare, aoti, files, log):
     folder = prepare_bench(target, spec, prepare=not no_prepare, sizes=opts.img_sizes, judge_output=opts.judge_output,
                            data=opts.data, aoti=aoti, log=log)
     report = run_bench(folder, opts, log)
+    report.command = command_line()
     print_table(report)
     try:
-        written = write_outputs(report, files.json, files.markdown, files.csv, files.plot)
+        written = write_outputs(report, files.json, files.markdown, files.csv, files.plot, files.html)
     except OSError as e:
         raise VitexportError(f"Could not write the report: {e.strerror or e} ({e.filename}).") from None
     for p in written:

@@ -27,8 +27,13 @@ from .groups import CALIB, MODEL, QUIET, TARGET, one_flag, use
               help="With --sensitivity: one record per group (ONNX node names, block, kind, figures) to this file.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="With --sensitivity: a bar plot of the groups' costs, PNG (needs matplotlib).")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also the bench's page for the graph just made (`bench --html`), judged on the check's held-out "
+                   "data against PyTorch FP32 on ONNX Runtime's CPU provider: where it differs (flipped images, a "
+                   "dense model's worst maps), so the effect of a fallback or SmoothQuant can be seen. Not timed.")
 @use(TARGET, MODEL, CALIB, QUIET)
-def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot_path, target, spec, calib, log):
+def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot_path, html_path, target, spec, calib,
+                     log):
     """Write model.fp16.onnx, model.int8.onnx (or, with --target tensorrt, model.fp16.trt.onnx, model.int8.trt.onnx),
     or model.fp8.onnx beside an exported model, checked against FP32.
 
@@ -43,14 +48,25 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
     kinds = graph_kinds(precision, graph_target)
     if (json_path or plot_path) and not sensitivity:
         raise click.UsageError("--json and --plot write what --sensitivity measures; add --sensitivity.")
+    if html_path is not None:
+        _check_page(html_path, kinds, sensitivity)
     if sensitivity:
         return _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, log)
     if target is not None:  # hashed for its check and parsed while the modules below are imported
         _prefetch_fp32(Path(target))
     from ..ensure import ensure_artifact
 
+    from ..errors import ParityError
+
     for kind in kinds:
-        artifact = ensure_artifact(target, kind, spec=spec, calib=calib, fresh=True, log=log)
+        try:
+            artifact = ensure_artifact(target, kind, spec=spec, calib=calib, fresh=True, log=log)
+        except ParityError:
+            if html_path is not None:  # the page is wanted most when the check fails: that of the rejected graph
+                from ..ensure import open_model
+
+                _write_page(open_model(target, spec, log=log), (kind,), calib, html_path, log, rejected=True)
+            raise
         v = artifact.precision.verdict if artifact.precision else None
         if v is not None:
             click.echo(f"Parity vs FP32: {'passed' if v.passed else v.status} ({v.stats.n} held-out inputs, "
@@ -67,6 +83,47 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
                        + (f"; ONNX Runtime CPU latency {speed['slowdown']:.2f}x every group quantized"
                           if speed else ""))
         click.echo(f"{kind.upper()} model: {artifact.path}")
+    if html_path is not None:
+        _write_page(artifact.folder, kinds, calib, html_path, log)
+
+
+def _check_page(path: Path, kinds: tuple[str, ...], sensitivity: bool) -> None:
+    """--html's refusals, before any work."""
+    from ..benchmark.run import ORT_KINDS
+
+    if sensitivity:
+        raise click.UsageError("--html shows the graph quantize makes; --sensitivity makes none.")
+    if path.is_dir() or (path.parent.exists() and not path.parent.is_dir()):
+        raise click.UsageError(f"--html {path}: a folder, or a path under a file; give a file path.")
+    if not any(k in ORT_KINDS["cpu"] for k in kinds):
+        raise click.UsageError(f"--html judges the graph on ONNX Runtime's CPU provider, which does not run "
+                               f"{', '.join(kinds)} (shaped for TensorRT); leave out --html or --target tensorrt.")
+
+
+def _write_page(folder, kinds: tuple[str, ...], calib, path: Path, log, rejected: bool = False) -> None:
+    """The bench's page of the graphs just made (or of the one its check rejected), on the check's data, parity
+    only."""
+    from ..artifacts.folder import artifact_kind
+    from ..benchmark.outputs import write_outputs
+    from ..benchmark.run import ORT_KINDS, BenchOptions, run_bench
+    from ..paths import default_heldout_dir
+    from .bench_cmd import command_line
+
+    shown = [k for k in kinds if k in ORT_KINDS["cpu"]]
+    extra = tuple((f"{k} (rejected)", artifact_kind(k).precision, folder.rejected(k)) for k in shown) if rejected \
+        else ()
+    rows = tuple(f"onnxruntime cpu {k}" for k in shown) if not rejected else tuple(f"onnxruntime cpu {e[0]}"
+                                                                                     for e in extra)
+    data = calib.check_data or default_heldout_dir(folder.read_manifest().variant)
+    report = run_bench(folder, BenchOptions(data=data, labels=calib.check_labels, rows=rows, timed=False,
+                                            extra=extra), log)
+    report.command = command_line()
+    records = folder.read_manifest().precisions
+    report.options["made_by"] = "quantize"  # the page's title; and what each graph was made with, as recorded
+    report.options["records"] = {} if rejected else {k: {f: v for f, v in records[k].to_dict().items() if f != "check"}
+                                                     for k in kinds if k in records}
+    for p in write_outputs(report, html_path=path):
+        click.echo(f"Page: {p}")
 
 
 def _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, log):
