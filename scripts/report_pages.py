@@ -50,9 +50,10 @@ def shots(page_path: Path, name: str) -> None:
         page = b.new_page(viewport={"width": 1320, "height": 1100})
         page.goto(page_path.resolve().as_uri())
         page.screenshot(path=str(images / f"{name}-top.png"))
-        first = page.locator("section.row-examples").first
-        if first.count():
-            first.screenshot(path=str(images / f"{name}-flips.png"))
+        page.locator("#pareto").screenshot(path=str(images / f"{name}-chart.png"))
+        missed = page.locator('section.row-examples[data-row="onnxruntime cpu int8"]')
+        if missed.count():
+            missed.screenshot(path=str(images / f"{name}-flips.png"))
         b.close()
     print(f"screenshots: docs/images/{name}-*.png")
 
@@ -62,6 +63,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/report-pages"))
     ap.add_argument("--sizes", type=int, nargs="*", default=[2000, 10000])
     ap.add_argument("--no-shots", action="store_true")
+    ap.add_argument("--shots-only", action="store_true", help="Stop after the screenshots (no scale runs).")
     a = ap.parse_args()
     out = a.out
     shutil.rmtree(out, ignore_errors=True)
@@ -82,9 +84,11 @@ def main() -> None:
     failed = [r["name"] for r in json.loads((out / "miss.json").read_text())["results"]
               if (r.get("parity") or {}).get("status") == "fail"]
     print(f"INT8 made to miss: exit {rc}, rows failing: {', '.join(failed)}")
-    if not a.no_shots:
+    if a.shots_only or not a.no_shots:
         shots(out / "digits.html", "report-digits")
         shots(out / "miss.html", "report-int8-miss")
+    if a.shots_only:
+        return
     from vitexport.data.digits import write_set
 
     print("| images | page kB | JSON kB | pictures | peak RSS MB | wall s |")

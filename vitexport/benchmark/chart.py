@@ -149,6 +149,7 @@ def pareto_svg(d: dict, width: int = 880, height: int = 440) -> str:
         out.append('<polyline class="front" fill="none" stroke="#000" stroke-dasharray="5,4" points="'
                    + " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in front) + '"/>')
     on_front = set(front)
+    labelled = 0
     for p in pts:
         c = colour(p.precision)
         if p.lo is not None and p.hi is not None:
@@ -156,8 +157,13 @@ def pareto_svg(d: dict, width: int = 880, height: int = 440) -> str:
                        f'stroke="{c}" stroke-width="1.2"/>')
         out.append(f'<g class="point"><title>{escape(p.label)}: {p.x:,.1f} img/s, {p.y:.2f} %</title>'
                    f'{_shape(p.marker, sx(p.x), sy(p.y), c)}</g>')
-        if (p.x, p.y) in on_front:
-            out.append(f'<text class="front-label" x="{sx(p.x) + 8:.1f}" y="{sy(p.y) - 8:.1f}">{escape(p.label)}</text>')
+        if (p.x, p.y) in on_front:  # named, toward the chart's inside, labels of near points stepped apart
+            end, dy = sx(p.x) > left + pw * 0.6, 12 + 15 * (labelled % 3)
+            labelled += 1
+            tx, ty = sx(p.x) + (-10 if end else 10), max(sy(p.y) - dy, top + 10)
+            out.append(f'<line x1="{sx(p.x):.1f}" y1="{sy(p.y):.1f}" x2="{tx:.1f}" y2="{ty + 3:.1f}" stroke="#888" '
+                       f'stroke-width="0.6"/><text class="front-label" x="{tx:.1f}" y="{ty:.1f}" '
+                       f'text-anchor="{"end" if end else "start"}">{escape(p.label)}</text>')
     out.append(_legends({p.precision for p in pts}, {p.marker for p in pts}, left + pw + 16, top + 4))
     out.append("</svg>")
     return "".join(out)

@@ -23,7 +23,7 @@ table{border-collapse:collapse;font-size:13px}th,td{padding:3px 8px;border-botto
 vertical-align:top}th{background:#f6f8fa;position:sticky;top:0;cursor:pointer;user-select:none;white-space:nowrap}
 td.l,th.l{text-align:left}th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 table.facts td{text-align:left}table.facts td:first-child{color:#555;white-space:nowrap}
-td .tag{padding:1px 6px;border-radius:3px;color:#fff;font-size:12px}.why{color:#555;text-align:left;max-width:420px}
+td .tag{padding:1px 6px;border-radius:3px;color:#fff;font-size:12px}.why{color:#555;text-align:left;min-width:420px;max-width:640px}
 .scroll{overflow-x:auto;max-width:100%}td.l{white-space:nowrap}.thumb{width:96px;image-rendering:pixelated}
 .ok{color:#1a7f37}.cards{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #ddd;border-radius:6px;padding:8px;width:250px;
 font-size:12px}.card img{display:block;margin-bottom:4px;image-rendering:auto}.card .file{color:#555;word-break:break-all}
