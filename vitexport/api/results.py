@@ -116,11 +116,12 @@ class BenchResult:
     failures: list[str]
 
     def write(self, json: str | Path | None = None, markdown: str | Path | None = None,
-              csv: str | Path | None = None, plot: str | Path | None = None) -> list[Path]:
-        """The report files the CLI's --json/--markdown/--csv/--plot write; the paths written."""
+              csv: str | Path | None = None, plot: str | Path | None = None,
+              html: str | Path | None = None) -> list[Path]:
+        """The report files the CLI's --json/--markdown/--csv/--plot/--html write; the paths written."""
         from ..benchmark.outputs import write_outputs
 
-        return write_outputs(self.report, json, markdown, csv, plot)  # type: ignore[arg-type]
+        return write_outputs(self.report, json, markdown, csv, plot, html)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
