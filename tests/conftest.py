@@ -311,15 +311,3 @@ def pytest_sessionfinish(session, exitstatus):
             (reporter.write_line(line, red=True) if reporter else print(line, file=sys.stderr))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-
-@pytest.fixture(scope="session")
-def browser():
-    """Debian's chromium, headless, for the session (tests/browser.py)."""
-    from browser import chromium
-    from playwright.sync_api import sync_playwright
-
-    exe = chromium()
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
-        yield b
-        b.close()

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from vitexport.cli import cli
 from vitexport.data.images import load_image
 from vitexport.parity.compare import ParityStats, Thresholds
-from vitexport.parity.knn import neighbours
+from vitexport.parity.knn import neighbour_changes, neighbours
 
 ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
@@ -101,6 +101,22 @@ def test_blocked_neighbours_equal_all_pairs_at_once():
     pred, nn = oracle_knn(emb, labels, k=7, t=0.1)
     nb = neighbours(lambda s, c: emb[s:s + c], 700, labels, k=7, t=0.1, query_block=128, key_block=150)
     assert (nb.pred == pred).all() and (nb.nearest == nn).all()
+
+
+def test_the_page_lists_the_images_whose_nearest_neighbour_changed_as_the_oracle_finds_them():
+    """Embeddings perturbed: the images the report shows (the first 12 whose nearest other image moved) are the ones
+    the all-pairs oracle finds, with both neighbours."""
+    rng = np.random.default_rng(5)
+    emb = rng.normal(size=(300, 16))
+    moved = emb + rng.normal(size=emb.shape) * 0.3
+    _, nn_ref = oracle_knn(emb, np.zeros(300, int), k=3)
+    _, nn_out = oracle_knn(moved, np.zeros(300, int), k=3)
+    read = (lambda e: lambda s, c: e[s:s + c])
+    shown = neighbour_changes(neighbours(read(emb), 300, None, k=3), neighbours(read(moved), 300, None, k=3))
+    changed = np.flatnonzero(nn_ref != nn_out)
+    assert len(changed) > 12
+    assert [(e["index"], e["reference_neighbour"], e["output_neighbour"]) for e in shown] == \
+        [(int(i), int(nn_ref[i]), int(nn_out[i])) for i in changed[:12]]
 
 
 def _knn_stats(lo: float, hi: float) -> ParityStats:

@@ -168,7 +168,7 @@ def test_a_concurrency_sweep_is_counted_by_the_server_too(served, tmp_path):
     server, folder = served
     r, report = bench(folder, tmp_path, "--endpoint", server.grpc, "--batch", "2", "--concurrency", "1",
                       "--concurrency", "4", "--concurrency", "8", "--min-time", "0.2", "--max-images", "16",
-                      "--shared-memory", "system")
+                      "--shared-memory", "system", "--html", str(tmp_path / "page.html"))
     assert r.exit_code == 0, r.output
     assert _served_rows(report)[0]["info"]["shared_memory"] == "system"
     assert _served_rows(report)[0]["parity"]["top1_agree"] == 1.0  # each request in flight read its own answer
@@ -180,6 +180,14 @@ def test_a_concurrency_sweep_is_counted_by_the_server_too(served, tmp_path):
         assert lat["windows"] >= 3 and lat["server_compute_ms"] > 0 and lat["server_queue_ms"] >= 0
     # with 8 in flight and one model instance, requests wait in the server's queue for the ones ahead of them
     assert lats[2]["server_queue_ms"] > lats[0]["server_queue_ms"]
+    # the page draws it: client p50 and p95, server queue and compute, a point per concurrency each
+    from browser import open_page
+
+    with open_page(tmp_path / "page.html", tmp_path / "page.png") as page:
+        assert page.messages == [] and page.requests == []
+        assert page.count("svg.served") == 1 and page.count("svg.served polyline") == 4
+        assert page.count("svg.served circle") == 4 * len(lats)
+        assert page.texts("#rows tbody tr td:nth-child(4)")[-3:] == ["1", "4", "8"]  # the in-flight column
 
 
 def test_a_server_that_dies_mid_run_ends_the_row_with_what_it_measured(digits_export, tmp_path):

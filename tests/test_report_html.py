@@ -47,57 +47,57 @@ def _top1(path, pp, session):
     return session.run(None, {session.get_inputs()[0].name: x})[0][0]
 
 
-def test_the_page_of_a_missing_int8_row_shows_its_flipped_images_in_a_real_browser(missing_int8, browser, tmp_path):
+def test_the_page_of_a_missing_int8_row_shows_its_flipped_images_in_a_real_browser(missing_int8, tmp_path):
     r, d = _bench(missing_int8, tmp_path, "--strict")
     assert r.exit_code == 1, r.output  # the INT8 row misses
-    page = open_page(browser, tmp_path / "r.html", tmp_path / "page.png")
-    assert page.messages == [] and page.requests == []  # no console message, nothing fetched
-    assert (tmp_path / "page.png").stat().st_size > 50_000
-    images = page.images()
-    assert images and all(i["complete"] and i["width"] > 0 and i["scheme"] == "data" for i in images), images
-    # the rows: one per available backend and timed batch, as the JSON has them
-    rows = [(res["name"], lat.get("batch")) for res in d["results"] if res["available"]
-            for lat in res["latency"] or [{}]]
-    assert page.count("#rows tbody tr") == len(rows)
-    assert page.texts("#rows tbody tr td:first-child") == [name for name, _ in rows]
-    assert page.texts("#verdict") == ["FAIL"]
-    int8 = next(res for res in d["results"] if res["name"] == "onnxruntime cpu int8")
-    assert int8["parity"]["status"] == "fail" and int8["parity"]["disagree"] > 0
-    # the charts are drawn: a point per timed row and batch, in its precision's colour; a line of runs each
-    timed = [(res["precision"], lat) for res in d["results"] if res["available"] for lat in res["latency"]]
-    assert page.count("#pareto g.point") == len(timed)
-    fills = page.page.eval_on_selector_all("#pareto g.point > :not(title)", "els => els.map(e => e.getAttribute('fill'))")
-    assert sorted(fills) == sorted(PRECISION_COLOURS[p] for p, _ in timed)
-    assert page.count("#latency g.dist") == len(timed)
-    box = page.page.eval_on_selector("#pareto", "e => e.getBoundingClientRect().width")
-    assert box > 500
-    # the flipped images: the worst first, at most MAX_FLIPS, each one ONNX Runtime flips too
-    heading = [t for t in page.texts("h3") if t.startswith("onnxruntime cpu int8:")]
-    assert heading and f"on {int8['parity']['disagree']:,} images" in heading[0]
-    shown = int8["examples"]
-    assert len(shown) == min(MAX_FLIPS, int8["parity"]["disagree"])
-    assert [e["score"] for e in shown] == sorted((e["score"] for e in shown), reverse=True)
-    pp = Preprocess.from_dict(json.loads((missing_int8 / "manifest.json").read_text())["preprocess"])
-    fp32 = ort.InferenceSession(str(missing_int8 / "model.onnx"), providers=["CPUExecutionProvider"])
-    int8_session = ort.InferenceSession(str(missing_int8 / "model.int8.onnx"), providers=["CPUExecutionProvider"])
-    source = d["data"]["source"]
-    for e in shown:
-        path = f"{source}/{d['pictures'][str(e['index'])]['file']}"
-        ref, out = _top1(path, pp, fp32), _top1(path, pp, int8_session)
-        assert ref.argmax() != out.argmax(), path
-        assert [c for c, *_ in e["reference"]] == list(np.argsort(-ref)[:3])
-        assert abs(e["reference"][0][1] - softmax(ref)[ref.argmax()]) < 1e-3
-    cards = page.page.eval_on_selector_all("h3 + .cards", "els => els.map(e => e.children.length)")
-    assert len(shown) in cards
-    # sortable: a click on img/s orders the rows by it
-    page.page.click("#rows th:nth-child(8)")
-    values = [float(v) for v in page.page.eval_on_selector_all(
-        "#rows tbody tr td:nth-child(8)", "els => els.map(e => e.getAttribute('data-v')).filter(v => v !== null)")]
-    assert values == sorted(values) and len(values) == len(timed)
+    with open_page(tmp_path / "r.html", tmp_path / "page.png") as page:
+        assert page.messages == [] and page.requests == []  # no console message, nothing fetched
+        assert (tmp_path / "page.png").stat().st_size > 50_000
+        images = page.images()
+        assert images and all(i["complete"] and i["width"] > 0 and i["scheme"] == "data" for i in images), images
+        # the rows: one per available backend and timed batch, as the JSON has them
+        rows = [(res["name"], lat.get("batch")) for res in d["results"] if res["available"]
+                for lat in res["latency"] or [{}]]
+        assert page.count("#rows tbody tr") == len(rows)
+        assert page.texts("#rows tbody tr td:first-child") == [name for name, _ in rows]
+        assert page.texts("#verdict") == ["FAIL"]
+        int8 = next(res for res in d["results"] if res["name"] == "onnxruntime cpu int8")
+        assert int8["parity"]["status"] == "fail" and int8["parity"]["disagree"] > 0
+        # the charts are drawn: a point per timed row and batch, in its precision's colour; a line of runs each
+        timed = [(res["precision"], lat) for res in d["results"] if res["available"] for lat in res["latency"]]
+        assert page.count("#pareto g.point") == len(timed)
+        fills = page.page.eval_on_selector_all("#pareto g.point > :not(title)",
+                                               "els => els.map(e => e.getAttribute('fill'))")
+        assert sorted(fills) == sorted(PRECISION_COLOURS[p] for p, _ in timed)
+        assert page.count("#latency g.dist") == len(timed)
+        box = page.page.eval_on_selector("#pareto", "e => e.getBoundingClientRect().width")
+        assert box > 500
+        # the flipped images: the worst first, at most MAX_FLIPS, each one ONNX Runtime flips too
+        heading = [t for t in page.texts("h3") if t.startswith("onnxruntime cpu int8:")]
+        assert heading and f"on {int8['parity']['disagree']:,} images" in heading[0]
+        shown = int8["examples"]
+        assert len(shown) == min(MAX_FLIPS, int8["parity"]["disagree"])
+        assert [e["score"] for e in shown] == sorted((e["score"] for e in shown), reverse=True)
+        pp = Preprocess.from_dict(json.loads((missing_int8 / "manifest.json").read_text())["preprocess"])
+        fp32 = ort.InferenceSession(str(missing_int8 / "model.onnx"), providers=["CPUExecutionProvider"])
+        int8_session = ort.InferenceSession(str(missing_int8 / "model.int8.onnx"), providers=["CPUExecutionProvider"])
+        source = d["data"]["source"]
+        for e in shown:
+            path = f"{source}/{d['pictures'][str(e['index'])]['file']}"
+            ref, out = _top1(path, pp, fp32), _top1(path, pp, int8_session)
+            assert ref.argmax() != out.argmax(), path
+            assert [c for c, *_ in e["reference"]] == list(np.argsort(-ref)[:3])
+            assert abs(e["reference"][0][1] - softmax(ref)[ref.argmax()]) < 1e-3
+        cards = page.page.eval_on_selector_all("h3 + .cards", "els => els.map(e => e.children.length)")
+        assert len(shown) in cards
+        # sortable: a click on img/s orders the rows by it
+        page.page.click("#rows th:nth-child(8)")
+        values = [float(v) for v in page.page.eval_on_selector_all(
+            "#rows tbody tr td:nth-child(8)", "els => els.map(e => e.getAttribute('data-v')).filter(v => v !== null)")]
+        assert values == sorted(values) and len(values) == len(timed)
 
 
-def test_quantize_writes_the_page_of_the_graph_its_check_rejected_and_of_one_it_kept(missing_int8, browser,
-                                                                                     tmp_path):
+def test_quantize_writes_the_page_of_the_graph_its_check_rejected_and_of_one_it_kept(missing_int8, tmp_path):
     """A check that fails: the page of the rejected graph, its flips shown; one that passes: the page of the graph
     written, with what it was made with (its record)."""
     folder = copy_export(missing_int8, tmp_path / "digits")
@@ -108,16 +108,19 @@ def test_quantize_writes_the_page_of_the_graph_its_check_rejected_and_of_one_it_
         r = CliRunner().invoke(cli, ["quantize", str(folder), "--int8", "--calib-data", str(noise),
                                      "--html", str(tmp_path / f"{name}.html"), "-q"])
         assert r.exit_code == (1 if name == "rejected" else 0), r.output
-        page = pages[name] = open_page(browser, tmp_path / f"{name}.html", tmp_path / f"{name}.png")
-        assert page.messages == [] and page.requests == []
-        assert all(i["width"] > 0 for i in page.images())
+        with open_page(tmp_path / f"{name}.html", tmp_path / f"{name}.png") as page:
+            assert page.messages == [] and page.requests == []
+            assert all(i["width"] > 0 for i in page.images())
+            pages[name] = {"rows": page.texts("#rows tbody tr td:first-child"), "h3": page.texts("h3"),
+                           "verdict": page.texts("#verdict"), "cards": page.count(".card img"),
+                           "facts": dict(zip(page.texts("table.facts td:first-child"),
+                                             page.texts("table.facts td:nth-child(2)")))}
     rejected, kept = pages["rejected"], pages["kept"]
-    assert rejected.texts("#rows tbody tr td:first-child") == ["pytorch cpu fp32", "onnxruntime cpu int8 (rejected)"]
-    assert any(t.startswith("onnxruntime cpu int8 (rejected): top-1 differs") for t in rejected.texts("h3"))
-    assert rejected.texts("#verdict") == ["FAIL"] and rejected.count(".card img") > 0
-    assert kept.texts("#rows tbody tr td:first-child") == ["pytorch cpu fp32", "onnxruntime cpu int8"]
-    facts = dict(zip(kept.texts("table.facts td:first-child"), kept.texts("table.facts td:nth-child(2)")))
-    assert str(tmp_path / "noise-kept.npy") in facts["int8 made with"]  # what the graph was made with
+    assert rejected["rows"] == ["pytorch cpu fp32", "onnxruntime cpu int8 (rejected)"]
+    assert any(t.startswith("onnxruntime cpu int8 (rejected): top-1 differs") for t in rejected["h3"])
+    assert rejected["verdict"] == ["FAIL"] and rejected["cards"] > 0
+    assert kept["rows"] == ["pytorch cpu fp32", "onnxruntime cpu int8"]
+    assert str(tmp_path / "noise-kept.npy") in kept["facts"]["int8 made with"]  # what the graph was made with
 
 
 def test_quantize_html_refuses_what_it_cannot_show(digits_export):

@@ -143,7 +143,8 @@ def pareto_svg(d: dict, width: int = 880, height: int = 440) -> str:
         out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" stroke="#eee"/>'
                    f'<text x="{left - 6}" y="{sy(v) + 4:.1f}" text-anchor="end">{v:.2f}</text>')
     out.append(f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">images / s (log scale)</text>'
-               f'<text transform="translate(14,{top + ph / 2}) rotate(-90)" text-anchor="middle">{escape(title)}</text>')
+               f'<text transform="translate(14,{top + ph / 2}) rotate(-90)" text-anchor="middle">'
+               f'{escape(title)}</text>')
     front = pareto([(p.x, p.y) for p in pts])
     if len(front) > 1:
         out.append('<polyline class="front" fill="none" stroke="#000" stroke-dasharray="5,4" points="'

@@ -19,14 +19,18 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 h3{font-size:15px;margin:18px 0 6px}
 .verdict{display:inline-block;padding:2px 10px;border-radius:4px;font-weight:600;color:#fff}
 .pass{background:#1a7f37}.FAIL,.fail{background:#cf222e}.inconclusive{background:#9a6700}
-table{border-collapse:collapse;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right;
-vertical-align:top}th{background:#f6f8fa;position:sticky;top:0;cursor:pointer;user-select:none;white-space:nowrap}
-td.l,th.l{text-align:left}th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
+table{border-collapse:collapse;font-size:13px}
+th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right;vertical-align:top}
+th{background:#f6f8fa;position:sticky;top:0;cursor:pointer;user-select:none;white-space:nowrap}
+td.l,th.l{text-align:left}
+th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 table.facts td{text-align:left}table.facts td:first-child{color:#555;white-space:nowrap}
-td .tag{padding:1px 6px;border-radius:3px;color:#fff;font-size:12px}.why{color:#555;text-align:left;min-width:420px;max-width:640px}
-.scroll{overflow-x:auto;max-width:100%}td.l{white-space:nowrap}.thumb{width:96px;image-rendering:pixelated}
-.ok{color:#1a7f37}.cards{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #ddd;border-radius:6px;padding:8px;width:250px;
-font-size:12px}.card img{display:block;margin-bottom:4px;image-rendering:auto}.card .file{color:#555;word-break:break-all}
+td .tag{padding:1px 6px;border-radius:3px;color:#fff;font-size:12px}
+.why{color:#555;text-align:left;min-width:420px;max-width:640px}
+.scroll{overflow-x:auto;max-width:100%}td.l{white-space:nowrap}.thumb{width:96px}.ok{color:#1a7f37}
+.cards{display:flex;flex-wrap:wrap;gap:10px}
+.card{border:1px solid #ddd;border-radius:6px;padding:8px;width:250px;font-size:12px}
+.card img{display:block;margin-bottom:4px}.card .file{color:#555;word-break:break-all}
 .top{display:grid;grid-template-columns:1fr 1fr;gap:6px;margin-top:4px}.top b{display:block}.changed{color:#cf222e}
 .dense{display:flex;gap:10px;align-items:flex-start;margin:6px 0;font-size:12px}.dense figure{margin:0}
 .dense figcaption{color:#555}.chart text{font-size:11px;fill:#222}.none,.muted{color:#666}code{font-size:12px}
@@ -270,7 +274,8 @@ def render(d: dict) -> str:
     summary = ("every row within its bounds" if status == "pass" else
                "; ".join(([f"missed: {', '.join(failures)}"] if failures else [])
                          + ([f"undecided: {', '.join(undecided)}"] if undecided else [])) or "a file failed")
-    title = f"vitexport {d.get('options', {}).get('made_by', 'bench')}: {m['variant']} at {m['img_size'][0]}x{m['img_size'][1]}"
+    made_by = d.get("options", {}).get("made_by", "bench")
+    title = f"vitexport {made_by}: {m['variant']} at {m['img_size'][0]}x{m['img_size'][1]}"
     served = served_section(d)
     return "".join([
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
@@ -283,7 +288,8 @@ def render(d: dict) -> str:
         *(['<p class="muted">Random weights: latency is real, accuracy is meaningless.</p>']
           if m.get("random_weights") else []),
         "<h2>Rows</h2><p class=\"muted\">Click a heading to sort. Parity is judged against the reference on every "
-        "input, with 95% intervals; the bounds are in docs/PARITY.md.</p>", '<div class="scroll">' + rows_table(d) + "</div>", unavailable(d),
+        "input, with 95% intervals; the bounds are in docs/PARITY.md.</p>",
+        '<div class="scroll">' + rows_table(d) + "</div>", unavailable(d),
         "<h2>Accuracy against throughput</h2>", pareto_svg(d),
         "<h2>Latency per run</h2>", latency_svg(d),
         "<h2>Where the rows differ from the reference</h2>", examples_section(d),

@@ -106,7 +106,8 @@ class BackendResult:
                 "parity": None if self.parity is None else self.parity.to_dict(),
                 "latency": [asdict(lt) for lt in self.latency], "per_class": self.per_class, "timing": self.timing,
                 **({} if self.img_size is None else {"img_size": list(self.img_size)}),
-                **({"error": self.error} if self.error else {}), **({"examples": self.examples} if self.examples else {})}
+                **({"error": self.error} if self.error else {}),
+                **({"examples": self.examples} if self.examples else {})}
 
 
 @dataclass
@@ -344,7 +345,8 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
     output, embedding = judged_output(manifest, opts.judge_output)
     model = torch_model(manifest, output, log)
     runners = discover(folder, model, threads, gpu, (manifest.input_name, output))
-    runners += [OrtRunner(path, prec, "cpu", threads, manifest.input_name, output, kind) for kind, prec, path in opts.extra]
+    runners += [OrtRunner(path, prec, "cpu", threads, manifest.input_name, output, kind)
+                for kind, prec, path in opts.extra]
     if opts.backends or opts.rows:
         runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends) or r.name in opts.rows
                    or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu"

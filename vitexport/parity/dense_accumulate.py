@@ -62,8 +62,9 @@ class DenseAccumulator:
                 c = got[1].shape[1]
                 self.counts = (np.zeros((self.n, c)), np.zeros((self.n, c)))
             self.counts[0][s], self.counts[1][s] = got[1], got[2]
-        self._offer(start, ref, out, *((self.first[s], {"absrel": self.first[s], "delta1": self.second[s]})
-                                        if self.kind == "depth" else (1 - self.first[s], {"pixel_agree": self.first[s]})))
+        shown = {"absrel": self.first[s], "delta1": self.second[s]} if self.kind == "depth" else \
+            {"pixel_agree": self.first[s]}
+        self._offer(start, ref, out, self.first[s] if self.kind == "depth" else 1 - self.first[s], shown)
         if self.read_truth is not None:
             for i in range(len(ref)):
                 if (gt := self.read_truth(start + i)) is not None:
