@@ -3,12 +3,15 @@ on model.int8.onnx) against PyTorch's own compiled path as vitexport packages it
 PT2E INT8), for the default ViT-B/16 at 224 and DINOv3-S/16 at 512.
 
     python scripts/bench_cpu_paths.py [--out /tmp/cpu-paths] [--rounds 5] [--runs 5] [--only vit_base]
+                                      [--alt-int8 "--smoothquant --min-cos 0.999"]
 
 Each folder is exported (`vitexport onnx -m ARCH`, random weights), its CPU INT8 graph made (`quantize --int8`) and
 its packages (`aoti --precision bf16`, `--precision int8`, each timed: the compile time is reported apart). Then
 every row is loaded once, warmed up, and timed in interleaved rounds at batch 1 and 8 (the median of --runs calls
 a round); the ratio to ONNX Runtime FP32 is taken within a round and its median over rounds printed with its range.
 Parity: each row's outputs on the 7 shipped held-out photos against ONNX Runtime FP32's, as the min cosine.
+--alt-int8 ARGS also makes a second CPU INT8 graph with those `quantize --int8` options (in a copy of the folder: the
+default graph stays) and times OpenVINO on it as one more row, in the same rounds.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def vx(*args: str) -> float:
     return time.perf_counter() - t0
 
 
-def rows(folder: Path) -> dict:
+def rows(folder: Path, alt: Path | None = None) -> dict:
     from vitexport.artifacts.folder import ModelFolder
     from vitexport.backends.aoti_backend import AotiRunner
     from vitexport.backends.openvino_backend import OpenVinoRunner
@@ -47,10 +50,11 @@ def rows(folder: Path) -> dict:
             "openvino cpu bf16 (model.onnx)": OpenVinoRunner(folder / "model.onnx", "bf16", **io),
             "openvino cpu int8 (model.int8.onnx)": OpenVinoRunner(folder / "model.int8.onnx", "int8", **io),
             "pytorch cpu bf16 (compiled)": AotiRunner(folder / "model.aoti.bf16.pt2", "bf16"),
-            "pytorch cpu int8 (pt2e)": AotiRunner(folder / "model.aoti.int8.pt2", "int8")}
+            "pytorch cpu int8 (pt2e)": AotiRunner(folder / "model.aoti.int8.pt2", "int8"),
+            **({} if alt is None else {"openvino cpu int8 (--alt-int8 graph)": OpenVinoRunner(alt, "int8", **io)})}
 
 
-def measure(folder: Path, rounds: int, runs: int) -> dict:
+def measure(folder: Path, rounds: int, runs: int, alt: Path | None = None) -> dict:
     from bench_dense_cpu import interleaved  # this folder's script: the same interleaved rounds
 
     from vitexport.artifacts.folder import ModelFolder
@@ -58,7 +62,7 @@ def measure(folder: Path, rounds: int, runs: int) -> dict:
 
     m = ModelFolder(folder).read_manifest()
     photos = load_folder(ROOT / "calibration" / "photos" / "holdout", m.preprocess).x
-    runners = rows(folder)
+    runners = rows(folder, alt)
     outs, cos = {}, {}
     for name, r in runners.items():
         r.load()
@@ -86,6 +90,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--only", help="one of " + ", ".join(MODELS))
+    ap.add_argument("--alt-int8", default=None, metavar="ARGS",
+                    help="quantize --int8 options of a second INT8 graph timed beside the default one")
     a = ap.parse_args()
     from vitexport.environment import cpu_flags, cpu_model
 
@@ -100,8 +106,20 @@ def main() -> None:
         steps["quantize_int8_s"] = round(vx("quantize", str(folder), "--int8"), 1)
         for p in ("bf16", "int8"):
             steps[f"aoti_{p}_s"] = round(vx("aoti", str(folder), "--precision", p), 1)
+        alt = None
+        if a.alt_int8:
+            import shutil
+
+            copy = a.out / f"{arch}-alt-int8"
+            shutil.rmtree(copy, ignore_errors=True)
+            copy.mkdir(parents=True)
+            for f in ("manifest.json", "model.onnx"):
+                shutil.copy(folder / f, copy / f)
+            shutil.copytree(folder / "calib-cache", copy / "calib-cache")
+            steps["quantize_alt_int8_s"] = round(vx("quantize", str(copy), "--int8", *a.alt_int8.split()), 1)
+            alt = copy / "model.int8.onnx"
         print(json.dumps({"model": arch, **steps}), flush=True)
-        results[arch] = {"steps": steps, "rows": measure(folder, a.rounds, a.runs)}
+        results[arch] = {"steps": steps, "rows": measure(folder, a.rounds, a.runs, alt)}
         print(json.dumps({arch: results[arch]["rows"]}, indent=1), flush=True)
     (a.out / "results.json").write_text(json.dumps(results, indent=2))
 
