@@ -158,3 +158,35 @@ def test_a_latency_keeps_its_runs_up_to_a_bound_then_their_quantiles():
     assert len(kept) == SAMPLES
     assert kept[0] == pytest.approx(min(many), abs=1e-4) and kept[-1] == pytest.approx(max(many), abs=1e-4)
     assert np.median(kept) == pytest.approx(np.median(many), rel=0.02)
+
+
+def test_the_png_plot_has_a_colour_per_precision_a_marker_per_backend_and_names_its_front(missing_int8, tmp_path,
+                                                                                         monkeypatch):
+    """--plot's PNG, drawn from a real bench's JSON: each point in its precision's colour and its backend's marker,
+    the legend outside the axes, and the points named those no other point beats on both axes (brute force here)."""
+    import matplotlib
+    from matplotlib.colors import to_hex
+
+    import vitexport.benchmark.plot as plot_module
+    from vitexport.benchmark.chart import MARKERS, points
+
+    matplotlib.use("Agg")
+    _, d = _bench(missing_int8, tmp_path)
+    figures = []
+    monkeypatch.setattr(plot_module, "save_png", lambda fig, path: figures.append(fig))
+    plot_module.plot(d, tmp_path / "p.png")
+    (fig,) = figures
+    ax = fig.axes[0]
+    drawn = [c.lines[0] for c in ax.containers]
+    by_row = {res["name"]: res for res in d["results"]}
+    pts = points(d)
+    assert len(drawn) == len(pts) > 3
+    for line, p in zip(drawn, pts):
+        res = by_row[p.label.rsplit(" b", 1)[0]]
+        assert to_hex(line.get_color()) == PRECISION_COLOURS[res["precision"]].lower()
+        assert line.get_marker() == MARKERS[res["backend"]]
+    front = {p.label for p in pts if not any(q.x >= p.x and q.y >= p.y and (q.x > p.x or q.y > p.y) for q in pts)}
+    assert {t.get_text() for t in ax.texts} == front
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1  # beside the points, not on them
