@@ -131,3 +131,23 @@ def test_the_data_and_label_lines_say_where_they_came_from():
     assert labels_line({"labels": {**labels, "present": 0, "real": True}}) == \
         "Labels: 200 class folders read by WordNet synsets, with ImageNet-ReaL labels."
     assert labels_line({"labels": None}) == labels_line({}) == ""
+
+
+def test_the_fastest_row_named_is_the_fastest_cpu_row_within_its_bounds_at_each_batch():
+    from vitexport.benchmark.figures import fastest_line, fastest_rows
+
+    def row(name, device, status, *lats, backend="onnxruntime"):
+        return {"name": name, "device": device, "backend": backend, "available": True, "parity": {"status": status},
+                "latency": [{"batch": b, "throughput": t, "relative_to_reference": t / 100, "concurrency": c}
+                            for b, t, c in lats]}
+
+    d = {"results": [row("pytorch cpu fp32", "cpu", "pass", (1, 100, None), (8, 200, None)),
+                     row("onnxruntime cpu int8", "cpu", "fail", (1, 900, None), (8, 990, None)),  # missed: not it
+                     row("openvino cpu int8", "cpu", "pass", (1, 300, None), (8, 250, None)),
+                     row("onnxruntime cuda fp16", "cuda", "pass", (1, 5000, None)),  # not a CPU row
+                     row("endpoint", "cpu", "pass", (1, 700, 4), backend="endpoint"),  # served under load
+                     row("openvino cpu bf16", "cpu", "pass", (8, 260, None))]}
+    assert [(b, name) for b, name, *_ in fastest_rows(d)] == [(1, "openvino cpu int8"), (8, "openvino cpu bf16")]
+    assert fastest_line(d) == ("Fastest CPU row within its bounds: batch 1 openvino cpu int8 (3.00x the reference), "
+                               "batch 8 openvino cpu bf16 (2.60x the reference)")
+    assert fastest_line({"results": [row("a", "cpu", "fail", (1, 5, None))]}) == ""

@@ -61,6 +61,9 @@ def test_the_page_of_a_missing_int8_row_shows_its_flipped_images_in_a_real_brows
         assert page.count("#rows tbody tr") == len(rows)
         assert page.texts("#rows tbody tr td:first-child") == [name for name, _ in rows]
         assert page.texts("#verdict") == ["FAIL"]
+        passing = [(lat["throughput"], res["name"]) for res in d["results"] if res["available"]
+                   and res["parity"]["status"] == "pass" for lat in res["latency"] if lat["batch"] == 8]
+        assert f"batch 8 {max(passing)[1]} (" in page.texts("#fastest")[0]
         int8 = next(res for res in d["results"] if res["name"] == "onnxruntime cpu int8")
         assert int8["parity"]["status"] == "fail" and int8["parity"]["disagree"] > 0
         # the charts are drawn: a point per timed row and batch, in its precision's colour; a line of runs each

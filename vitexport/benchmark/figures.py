@@ -95,3 +95,26 @@ def labels_line(data: dict) -> str:
     cover = f", {lab['present']:,} of the model's {lab['num_classes']:,} classes" if lab.get("present") else ""
     return f"Labels: {lab['source']} read by {lab['how']}{cover}" + (", with ImageNet-ReaL labels" if lab.get("real")
                                                                      else "") + "."
+
+
+def fastest_rows(d: dict) -> list[tuple[int, str, float, float | None]]:
+    """Per timed batch size, the fastest CPU row (a served one aside) that passed its bounds: (batch, row, images/s,
+    ratio to the reference); from the report's dict, so the table and the page say the same."""
+    best: dict[int, tuple[int, str, float, float | None]] = {}
+    for r in d["results"]:
+        if not r.get("available") or r.get("device") != "cpu" or (r.get("parity") or {}).get("status") != "pass":
+            continue
+        for lat in r.get("latency") or []:
+            if lat.get("concurrency") is None and lat.get("throughput") and \
+                    lat["throughput"] > best.get(lat["batch"], (0, "", 0.0, None))[2]:
+                best[lat["batch"]] = (lat["batch"], r["name"], lat["throughput"], lat.get("relative_to_reference"))
+    return [best[b] for b in sorted(best)]
+
+
+def fastest_line(d: dict) -> str:
+    """'Fastest CPU row within its bounds: batch 1 openvino cpu int8 (2.85x the reference), batch 8 ...' ('' none)."""
+    rows = fastest_rows(d)
+    if not rows:
+        return ""
+    return "Fastest CPU row within its bounds: " + ", ".join(
+        f"batch {b} {name}" + ("" if ratio is None else f" ({ratio:.2f}x the reference)") for b, name, _, ratio in rows)

@@ -11,6 +11,7 @@ import math
 from html import escape
 
 from .chart import latency_svg, pareto_svg, served_svg, y_figure
+from .figures import fastest_line
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1280px;
@@ -289,7 +290,8 @@ def render(d: dict) -> str:
           if m.get("random_weights") else []),
         "<h2>Rows</h2><p class=\"muted\">Click a heading to sort. Parity is judged against the reference on every "
         "input, with 95% intervals; the bounds are in docs/PARITY.md.</p>",
-        '<div class="scroll">' + rows_table(d) + "</div>", unavailable(d),
+        '<div class="scroll">' + rows_table(d) + "</div>",
+        *([f'<p id="fastest">{escape(fastest_line(d))}.</p>'] if fastest_line(d) else []), unavailable(d),
         "<h2>Accuracy against throughput</h2>", pareto_svg(d),
         "<h2>Latency per run</h2>", latency_svg(d),
         "<h2>Where the rows differ from the reference</h2>", examples_section(d),

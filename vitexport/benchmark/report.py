@@ -8,7 +8,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from .figures import figure_lines, labels_line, source_line, unsettled_line
+from .figures import fastest_line, figure_lines, labels_line, source_line, unsettled_line
 from .run import BackendResult, BenchReport
 
 
@@ -243,7 +243,8 @@ def print_table(report: BenchReport, console=None) -> None:
                       f"decoded once in {dec['seconds']:.1f}s ({dec['images_per_s'] or 0:,.0f}/s, {dec['workers']} "
                       f"workers); inference per backend: "
                       + ", ".join(f"{r.name} {r.timing['inference_s']:.1f}s" for r in report.results if r.timing))
-    for line in [source_line(d), labels_line(d)] + figure_lines(report) + [unsettled_line(report)]:
+    for line in [fastest_line(report.to_dict()), source_line(d), labels_line(d)] + figure_lines(report) + \
+            [unsettled_line(report)]:
         if line:
             console.print(f"  {escape(line)}")
     if skipped_count(d):
@@ -342,7 +343,8 @@ def to_markdown(report: BenchReport) -> str:
     unavailable = unavailable_lines(report)
     if unavailable:
         lines += ["", "Unavailable:", ""] + [f"- {line}" for line in unavailable]
-    if more := [x for x in [source_line(report.data), labels_line(report.data)] + figure_lines(report)
+    if more := [x for x in [fastest_line(report.to_dict()), source_line(report.data), labels_line(report.data)]
+                + figure_lines(report)
                 + [unsettled_line(report)] if x]:
         lines += ["", "Labels and further figures:", ""] + [f"- {x}" for x in more]
     if served := served_lines(report):
