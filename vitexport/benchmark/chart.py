@@ -198,6 +198,8 @@ def latency_svg(d: dict, width: int = 880) -> str:
     left, right, top, row_h = 290, 20, 10, 22
     height = top + row_h * len(lines) + 40
     values = [v for _, _, lat in lines for v in lat["samples_ms"] if v > 0]
+    if not values:
+        return '<p class="none">No run took a measurable time.</p>'
     x0, x1 = min(values) / 1.2, max(values) * 1.2
     pw = width - left - right
 
