@@ -100,6 +100,20 @@ def test_the_page_of_a_missing_int8_row_shows_its_flipped_images_in_a_real_brows
         assert values == sorted(values) and len(values) == len(timed)
 
 
+def test_names_from_the_users_files_are_text_on_the_page_never_markup(missing_int8, tmp_path):
+    """A data set's file names and a folder's path are the user's input: escaped wherever the page shows them."""
+    from vitexport.benchmark.html import render
+
+    _, d = _bench(missing_int8, tmp_path)
+    evil = '"><img src=x onerror=alert(1)><script>alert(2)</script>'
+    d["model"]["folder"] = evil
+    for pic in d["pictures"].values():
+        pic["file"] = evil
+    page = render(d)
+    assert d["pictures"] and "<script>alert" not in page and "<img src=x" not in page
+    assert page.count("&lt;script&gt;alert(2)&lt;/script&gt;") > len(d["pictures"])
+
+
 def test_quantize_writes_the_page_of_the_graph_its_check_rejected_and_of_one_it_kept(missing_int8, tmp_path):
     """A check that fails: the page of the rejected graph, its flips shown; one that passes: the page of the graph
     written, with what it was made with (its record)."""
