@@ -423,3 +423,20 @@ def test_onnxruntime_iobinding_gives_the_plain_outputs(tmp_path):
         np.testing.assert_array_equal(bound.infer(x), np.maximum(x, 0))
     assert OrtRunner(Path(path), "fp16", ep="cuda")._io_device == "cuda"
     assert OrtRunner(Path(path), "fp16", ep="tensorrt")._io_device == "cuda"
+
+
+def test_pytorchs_compiled_rows_are_cuda_rows_named_apart_and_say_why_they_cannot_run():
+    """`pytorch cuda fp16 (compiled)` / `bf16 (compiled)`: on a machine without a GPU, unavailable for that reason
+    (one line with the other CUDA rows); asked of a CPU, one sentence naming the CPU's compiled path."""
+    from vitexport.backends.torch_backend import TorchRunner
+    from vitexport.environment import cuda_gpu
+
+    rows = [TorchRunner(torch.nn.Identity(), p, "cuda", compiled=True, example=lambda: (3, 32, 32)) for p in ("fp16", "bf16")]
+    assert [r.name for r in rows] == ["pytorch cuda fp16 (compiled)", "pytorch cuda bf16 (compiled)"]
+    assert {r.provider for r in rows} == {"compiled"}
+    if cuda_gpu() is None:
+        for r in rows:
+            with pytest.raises(BackendUnavailable, match="no CUDA GPU visible"):
+                r.load()
+    with pytest.raises(BackendUnavailable, match="vitexport aoti"):
+        TorchRunner(torch.nn.Identity(), "bf16", "cpu", compiled=True, example=lambda: (3, 32, 32)).load()

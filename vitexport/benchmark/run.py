@@ -208,6 +208,10 @@ def discover(folder: ModelFolder, model, threads: int, gpu: bool,
                              TorchRunner(model, "fp16", "cuda")]
     if gpu:
         runners.append(TorchRunner(model, "fp32", "cuda"))
+    def example() -> tuple[int, ...]:  # PyTorch's compiled CUDA rows are compiled at the export's size (on a GPU)
+        return (3, *folder.read_manifest().img_size)
+
+    runners += [TorchRunner(model, p, "cuda", compiled=True, example=example) for p in ("fp16", "bf16")]
     for ep, kinds in ORT_KINDS.items():
         for kind in kinds:
             runners.append(OrtRunner(folder.onnx(kind), artifact_kind(kind).precision, ep,
