@@ -59,7 +59,7 @@ def test_knn_accuracy_of_each_row_is_the_one_computed_here(headless, tmp_path):
 
     out = tmp_path / "report.json"
     r = CliRunner().invoke(cli, ["bench", str(headless), "--data", str(HELDOUT), "--backend", "onnxruntime cpu",
-                                 *FAST, "--json", str(out)])
+                                 *FAST, "--json", str(out), "--html", str(tmp_path / "page.html")])
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
     rows = {x["name"]: x["parity"] for x in report["results"] if x["available"]}
@@ -79,6 +79,20 @@ def test_knn_accuracy_of_each_row_is_the_one_computed_here(headless, tmp_path):
         assert "top1_agree" not in st and st["knn_k"] == 20 and st["knn_t"] == 0.07
     assert rows["onnxruntime cpu int8"]["neighbour_agree"] < 1.0  # INT8 moves some neighbours: the figure can tell
     assert report["data"]["embeddings"] == {"k": 20, "t": 0.07, "labelled": True}
+    # the page shows the images whose neighbour moved, with both neighbours: those the oracle finds moved
+    _, int8_nn = oracle_knn(_embeddings(folder.onnx("int8"), files, pp), labels)
+    shown = next(x for x in report["results"] if x["name"] == "onnxruntime cpu int8")["examples"]
+    moved = [e for e in shown if int8_nn[e["index"]] != ref_nn[e["index"]]]
+    assert shown and len(moved) >= 0.8 * len(shown)  # PyTorch's reference and ONNX Runtime's FP32 differ by ties
+    assert all(int8_nn[e["index"]] == e["output_neighbour"] for e in moved)
+    from browser import open_page
+
+    with open_page(tmp_path / "page.html", tmp_path / "page.png") as page:
+        assert page.messages == [] and page.requests == []
+        section = 'section[data-row="onnxruntime cpu int8"]'
+        assert page.count(f"{section} .card") == len(shown)
+        assert page.count(f"{section} .card img") == 3 * len(shown)
+        assert all(i["complete"] and i["width"] > 0 for i in page.images())
 
 
 def test_an_unlabelled_set_gives_neighbour_agreement_alone_and_k_is_settable(headless, tmp_path):
