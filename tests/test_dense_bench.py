@@ -236,8 +236,28 @@ def test_a_segmentation_set_is_judged_by_pixel_agreement_and_miou(segmentation_f
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["onnx_sha256"], manifest["onnx_bytes"] = sha256_file(path), path.stat().st_size
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    r, rows = bench(folder, data, "--strict")
+    r, rows = bench(folder, data, "--strict", "--html", str(tmp_path / "page.html"))
     assert r.exit_code == 1, r.output
     st = rows["onnxruntime cpu fp32"]["parity"]
     assert st["status"] == "fail" and any("pixel agreement" in f for f in st["failures"])
     assert st["truth"]["miou"]["diff_ci"][1] < 0  # worse against the truth, decided on these images
+    # the page: each worst image's share of differing pixels is the share of the reference's map in the two
+    # swapped classes (ONNX Runtime on the unswapped graph)
+    import onnxruntime as ort
+    from browser import open_page
+
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    pictures = json.loads((folder.parent / "bench.json").read_text())["pictures"]
+    shown = rows["onnxruntime cpu fp32"]["examples"]
+    assert shown and [e["score"] for e in shown] == sorted((e["score"] for e in shown), reverse=True)
+    for e in shown:
+        x = load_image(data / pictures[str(e["index"])]["file"], _preprocess_of(out))[None]
+        (probs,) = sess.run(["semantic_probs"], {sess.get_inputs()[0].name: x})
+        swapped = float((probs[0].argmax(0) <= 1).mean())
+        assert e["maps"]["error_max"] == pytest.approx(swapped, abs=1e-6)
+        assert e["pixel_agree"] == pytest.approx(1 - swapped, abs=1e-6)
+    with open_page(tmp_path / "page.html", tmp_path / "page.png") as page:
+        assert page.messages == [] and page.requests == []
+        section = 'section[data-row="onnxruntime cpu fp32"]'
+        assert page.count(f"{section} .dense figure img") == 4 * len(shown)
+        assert all(i["complete"] and i["width"] > 0 for i in page.images())
