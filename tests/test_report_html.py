@@ -48,8 +48,11 @@ def _top1(path, pp, session):
 
 
 def test_the_page_of_a_missing_int8_row_shows_its_flipped_images_in_a_real_browser(missing_int8, tmp_path):
+    from vitexport.benchmark.html import render
+
     r, d = _bench(missing_int8, tmp_path, "--strict")
     assert r.exit_code == 1, r.output  # the INT8 row misses
+    assert render(d) == (tmp_path / "r.html").read_text()  # one source: the page is the JSON's data, rendered
     with open_page(tmp_path / "r.html", tmp_path / "page.png") as page:
         assert page.messages == [] and page.requests == []  # no console message, nothing fetched
         assert (tmp_path / "page.png").stat().st_size > 50_000
