@@ -13,6 +13,7 @@ from conftest import ROOT, copy_export, fails_cleanly
 from vitexport.artifacts.folder import ModelFolder, TritonModelFolder, onnx_digest
 from vitexport.artifacts.sidecar import write_sidecar
 from vitexport.cli import cli
+from vitexport.data.images import load_image
 from vitexport.model.labels import class_names
 from vitexport.tensorrt_engine.compiler import make_sidecar
 from vitexport.tensorrt_engine.options import BuildOptions
@@ -70,6 +71,34 @@ def test_onnx_repository(digits, tmp_path):
     assert out.shape == (cfg.max_batch_size, *cfg.output[0].dims)
     # the printed instructions start the server on this repository and ask this model
     assert f"-v {repo.resolve()}:/models" in r.stdout and f'client.infer("{model.name}"' in r.stdout
+
+
+def test_openvino_repository_serves_the_int8_graph_on_the_cpu(digits_export, tmp_path):
+    """--format openvino: the folder's INT8 graph as model.onnx on Triton's OpenVINO backend (backend, not platform;
+    the file named, as that backend reads model.xml by default), CPU instances, parsed against Triton's ModelConfig;
+    OpenVINO runs the copied file at the shapes the config declares, with ONNX Runtime's answers."""
+    import openvino as ov
+    import onnxruntime as ort
+
+    digits = ModelFolder(copy_export(digits_export, tmp_path / "digits"))
+    for f in digits.path.glob("model.int8*"):  # made here (calibrated, checked), whatever another test left
+        f.unlink()
+    repo = tmp_path / "repo"
+    r = CliRunner().invoke(cli, ["triton", "-q", str(digits.path), "-o", str(repo), "--format", "openvino",
+                                 "--precision", "int8"])
+    assert r.exit_code == 0, r.output
+    model = TritonModelFolder(repo / "vit_digits_patch4_32-int8-openvino")
+    cfg = parse(model)
+    assert cfg.backend == "openvino" and not cfg.platform and cfg.default_model_filename == "model.onnx"
+    assert [model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group] == ["KIND_CPU"]
+    assert model.model("onnx").read_bytes() == digits.onnx("int8").read_bytes()
+    assert_agrees_with_onnx(cfg, model.model("onnx"))
+    x = np.stack([load_image(f, digits.read_manifest().preprocess) for f in sorted(HELDOUT.rglob("*.png"))[:8]])
+    got = ov.Core().compile_model(str(model.model("onnx")), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(x)[0]
+    want = ort.InferenceSession(str(model.model("onnx")), providers=["CPUExecutionProvider"]).run(
+        None, {cfg.input[0].name: x})[0]
+    assert got.shape == (8, *cfg.output[0].dims) and (got.argmax(1) == want.argmax(1)).all()
+    assert "OpenVINO's backend serves on the CPU" in r.stdout and f'client.infer("{model.name}"' in r.stdout
 
 
 def _fake_plan(folder: ModelFolder, precision: str, min_batch: int, max_batch: int) -> bytes:

@@ -21,9 +21,10 @@ TRITON = OptionGroup(
     lambda: [
         opt("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
             help="Which model file (made first when missing)."),
-        opt("--format", "fmt", type=click.Choice(["onnx", "plan"]), default="onnx", show_default=True,
+        opt("--format", "fmt", type=click.Choice(["onnx", "plan", "openvino"]), default="onnx", show_default=True,
             help="onnx: Triton's onnxruntime_onnx backend; plan: a TensorRT plan (tensorrt_plan), built first "
-                 "when missing."),
+                 "when missing; openvino: the ONNX file on Triton's OpenVINO backend, on the CPU (for an INT8 graph "
+                 "the fastest CPU row `bench` finds on most CPUs)."),
         opt("--name", default=None, help="Model name in the repository. Default: <variant>-<precision>[-plan]."),
         opt("--max-batch", type=click.IntRange(min=1), default=None,
             help="max_batch_size. Default: 32 for ONNX, the plan's profile maximum for a plan."),
@@ -31,7 +32,7 @@ TRITON = OptionGroup(
             help="Model instances per device (instance_group count)."),
         opt("--force", is_flag=True, help="Replace REPO/NAME when it holds another model."),
         opt("--uint8-input", is_flag=True,
-            help="ONNX only: the input is uint8 pixels (B, 3, H, W), resized and center-cropped; the mean/std "
+            help="ONNX and OpenVINO: the input is uint8 pixels (B, 3, H, W), resized and center-cropped; the mean/std "
                  "normalisation runs inside the graph, so clients need not know it."),
     ],
     _options,
@@ -48,7 +49,8 @@ def triton_command(repo, target, opts, spec, log):
     Inputs, outputs, data types and dims are read from the model file; dynamic batching is on. MODEL_DIR is
     an exported model folder; without it, the folder of --model is used, exported first if absent.
     """
-    from ..deploy.triton import serve_instructions, write_triton
+    from ..deploy.triton import write_triton
+    from ..deploy.triton_usage import serve_instructions
     from ..ensure import open_model
 
     folder = open_model(target, spec, log=log)

@@ -2,7 +2,8 @@
 
     REPO/NAME/config.pbtxt     platform, max_batch_size, inputs/outputs, dynamic_batching, instance_group
     REPO/NAME/labels.txt       class names, wired to the output through label_filename (classification extension)
-    REPO/NAME/1/model.onnx     the ONNX of the precision (onnxruntime_onnx) ...
+    REPO/NAME/1/model.onnx     the ONNX of the precision (onnxruntime_onnx; or Triton's OpenVINO backend, the
+                               CPU path the bench finds fastest for an INT8 graph) ...
     REPO/NAME/1/model.plan     ... or its TensorRT plan (tensorrt_plan)
 
 With `uint8_input`, the ONNX takes uint8 pixels (B, 3, H, W), already resized and center-cropped
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from ..artifacts.folder import TRITON_LABELS, ModelFolder, TritonModelFolder, external_data_of
+from ..artifacts.folder import TRITON_LABELS, TRITON_MODEL_FILES, ModelFolder, TritonModelFolder, external_data_of
 from ..artifacts.manifest import Manifest
 from ..artifacts.verify import require
 from ..artifacts.workspace import reading
@@ -33,7 +34,9 @@ from ..model.labels import class_names
 from ..paths import FILE_SYSTEM_LIMITS, sha256_file, write_error
 from ..progress import QUIET, Log
 
-FORMATS = {"onnx": "onnxruntime_onnx", "plan": "tensorrt_plan"}  # --format -> Triton's platform
+# --format -> Triton's platform, or its backend (OpenVINO's names none: `backend:`, and its ONNX file named)
+FORMATS = {"onnx": "onnxruntime_onnx", "plan": "tensorrt_plan", "openvino": "openvino"}
+BACKENDS = ("openvino",)
 DEFAULT_MAX_BATCH = 32  # for an ONNX with a symbolic batch axis (a plan's comes from its profile)
 # ONNX TensorProto element types -> Triton data types
 TRITON_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
@@ -44,8 +47,8 @@ TRITON_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16
 @dataclass
 class TritonOptions:
     precision: str = "fp32"  # 'fp32' | 'fp16' | 'int8'
-    format: str = "onnx"  # 'onnx' | 'plan'
-    name: str | None = None  # the model's name in the repository; None: <variant>-<precision>[-plan]
+    format: str = "onnx"  # 'onnx' | 'plan' | 'openvino' (the ONNX file, on Triton's OpenVINO backend)
+    name: str | None = None  # the model's name in the repository; None: <variant>-<precision>[-plan|-openvino]
     max_batch: int | None = None  # None: 32 for an ONNX, the profile's largest batch for a plan
     instances: int = 1  # model instances per device (instance_group count)
     force: bool = False  # replace REPO/NAME when it holds another model
@@ -109,7 +112,9 @@ def render_config(name: str, platform: str, max_batch_size: int, inputs: list[Te
         return (f'  {{\n    name: "{t.name}"\n    data_type: {t.data_type}\n'
                 f'    dims: [ {", ".join(map(str, t.dims))} ]{label}\n  }}')
 
-    lines = [f'name: "{name}"', f'platform: "{platform}"', f"max_batch_size: {max_batch_size}",
+    runtime = [f'backend: "{platform}"', f'default_model_filename: "{TRITON_MODEL_FILES["onnx"]}"'] \
+        if platform in BACKENDS else [f'platform: "{platform}"']
+    lines = [f'name: "{name}"', *runtime, f"max_batch_size: {max_batch_size}",
              "input [\n" + ",\n".join(tensor(t, False) for t in inputs) + "\n]",
              "output [\n" + ",\n".join(tensor(t, t.name == label_output) for t in outputs) + "\n]"]
     if max_batch_size > 0:
@@ -231,15 +236,16 @@ def _stage_model(staging: TritonModelFolder, target: TritonModelFolder, opts: Tr
                  pp: Preprocess) -> Path:
     """The model file in the staging folder: a copy (an ONNX keeps its external data's name beside it), or the
     graph behind a uint8 input."""
-    staged = staging.model(opts.format)
-    with _writing(target.model(opts.format), staging.path):
+    fmt = "plan" if opts.format == "plan" else "onnx"  # OpenVINO's backend reads the ONNX file too
+    staged = staging.model(fmt)
+    with _writing(target.model(fmt), staging.path):
         staging.version_dir.mkdir(parents=True)
         if opts.uint8_input:
             pixel_input_graph(model, staged, pp)
             return staged
         shutil.copyfile(model, staged)
     data = external_data_of(model)
-    if opts.format == "onnx" and data.is_file():
+    if fmt == "onnx" and data.is_file():
         with _writing(target.version_dir / data.name, staging.path):
             shutil.copyfile(data, staging.version_dir / data.name)
     return staged
@@ -270,15 +276,18 @@ def write_triton(folder: ModelFolder, repo: Path | str, opts: TritonOptions, log
         raise VitexportError(f"Unknown format {opts.format!r}; choose one of: {', '.join(FORMATS)}.")
     if opts.instances < 1 or (opts.max_batch is not None and opts.max_batch < 1):
         raise VitexportError("--instances and --max-batch must be at least 1.")
-    if opts.uint8_input and opts.format != "onnx":
-        raise VitexportError("--uint8-input is for --format onnx; a plan's input is the one it was built with.")
+    if opts.uint8_input and opts.format == "plan":
+        raise VitexportError("--uint8-input is for --format onnx or openvino; a plan's input is the one it was built "
+                             "with.")
     manifest = folder.read_manifest()
     repo = Path(repo)
-    name = _check_name(opts.name or f"{manifest.variant}-{opts.precision}" + ("-plan" if opts.format == "plan" else "")
+    name = _check_name(opts.name or f"{manifest.variant}-{opts.precision}" + ("" if opts.format == "onnx" else
+                                                                                f"-{opts.format}")
                        + ("-uint8" if opts.uint8_input else ""))
     if repo.exists() and not repo.is_dir():
         raise VitexportError(f"{repo} exists and is not a folder.")
     model, describing, plan_max = (_plan_source if opts.format == "plan" else _onnx_source)(folder, opts, log)
+    manifest = folder.read_manifest()  # with the record of a file just made for the entry
     repo.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[TritonModelFolder, TritonModel]] = []
     try:
@@ -313,7 +322,7 @@ def _stage_entry(folder: ModelFolder, manifest: Manifest, path: Path, opts: Trit
             require(folder, kind, manifest)
             staged = _stage_model(staging, target, opts, model, manifest.preprocess)
         _check_existing(target, sha256_file(staged), opts.force)
-        inputs, outputs, batched = graph_io(staged if opts.format == "onnx" else describing)
+        inputs, outputs, batched = graph_io(staged if opts.format != "plan" else describing)
         if kind == "decoder":  # whole tensors, as SAM's own graph takes them (has_mask_input (B,) has no dims but
             # the batch, and requests of other point counts are never batched together anyway)
             inputs, outputs = ([replace(t, dims=[-1, *t.dims]) for t in ts] for ts in (inputs, outputs))
@@ -322,7 +331,7 @@ def _stage_entry(folder: ModelFolder, manifest: Manifest, path: Path, opts: Trit
         max_batch = (opts.max_batch or plan_max or DEFAULT_MAX_BATCH) if batched else 0
         labels = class_names(manifest) if kind != "decoder" else []
         label_output = next((o.name for o in outputs if batched and o.dims == [len(labels)]), None)
-        kind_of_device = "KIND_GPU" if opts.format == "plan" else "KIND_AUTO"
+        kind_of_device = {"plan": "KIND_GPU", "openvino": "KIND_CPU"}.get(opts.format, "KIND_AUTO")
         config = render_config(path.name, FORMATS[opts.format], max_batch, inputs, outputs, opts.instances,
                                kind_of_device, label_output if labels else None)
         if labels and label_output:
@@ -334,58 +343,3 @@ def _stage_entry(folder: ModelFolder, manifest: Manifest, path: Path, opts: Trit
         shutil.rmtree(staging.path, ignore_errors=True)
         raise
     return staging, TritonModel(target, FORMATS[opts.format], max_batch, inputs, outputs, model, config)
-
-
-def serve_instructions(result: TritonModel, folder: ModelFolder) -> str:
-    """How to start Triton on the repository, and one request that classifies an image with this model (a dense
-    model: that asks for its map)."""
-    repo = result.folder.path.parent.resolve()
-    inp, out = result.inputs[0], result.outputs[0]
-    pixels = ('x = np.asarray(resize_and_crop(Image.open("IMAGE.jpg"), pp)).transpose(2, 0, 1)[None].copy()  # uint8'
-              if inp.data_type == "TYPE_UINT8" else 'x = load_image("IMAGE.jpg", pp)[None]  # normalised float32')
-    dense = folder.read_manifest().dense_task is not None
-    asked, var, shown = (f'out = tc.InferRequestedOutput("{out.name}")  # the whole map', "out", ".shape") if dense \
-        else (f'top5 = tc.InferRequestedOutput("{out.name}", class_count=5)  # \'score:index:label\' via labels.txt',
-              "top5", "")
-    note = ("; the plan runs only on the TensorRT version that built it, so pick the release that ships that "
-            "TensorRT" if result.platform == "tensorrt_plan" else "; leave out --gpus all to serve on the CPU")
-    return f"""Start Triton on the repository (NGC container; YY.MM: a tritonserver release{note}):
-  docker run --rm --gpus all -p 8000:8000 -p 8001:8001 -p 8002:8002 -v {repo}:/models \\
-      nvcr.io/nvidia/tritonserver:YY.MM-py3 tritonserver --model-repository=/models
-Ask it about one image (pip install tritonclient[http]; the preprocessing is the model's own):
-  python - <<'EOF'
-  import numpy as np, tritonclient.http as tc
-  from PIL import Image
-  from vitexport.data.images import load_image, resize_and_crop
-  from vitexport.artifacts.manifest import read_manifest
-  pp = read_manifest("{folder.manifest_path.resolve()}").preprocess
-  {pixels}
-  client = tc.InferenceServerClient("localhost:8000")
-  pixels = tc.InferInput("{inp.name}", list(x.shape), "{inp.data_type.removeprefix('TYPE_')}")
-  pixels.set_data_from_numpy(x)
-  {asked}
-  print(client.infer("{result.folder.name}", [pixels], outputs=[{var}]).as_numpy("{out.name}"){shown})
-{_decoder_request(result, folder)}  EOF"""
-
-
-def _decoder_request(result: TritonModel, folder: ModelFolder) -> str:
-    """Segment Anything: the lines that send the image's embedding and one point to the decoder's entry."""
-    if result.decoder is None:
-        return ""
-    dense = folder.read_manifest().dense or {}
-    dec, side, mask = result.decoder.folder.name, int(dense["image_size"]), 4 * int(dense["embedding_size"])
-    return f"""  # the image's embedding once, then any number of prompts (here a foreground point at x=100, y=200)
-  from vitexport.model.heads.sam_decoder import prompts_to_inputs
-  emb = client.infer("{result.folder.name}", [pixels]).as_numpy("{result.outputs[0].name}")
-  w, h = Image.open("IMAGE.jpg").size
-  coords, labels = prompts_to_inputs([(100, 200, 1)], None, ({side} / max(w, h),) * 2)
-  feeds = {{"image_embeddings": emb, "point_coords": coords[None], "point_labels": labels[None],
-           "mask_input": np.zeros((1, 1, {mask}, {mask}), np.float32),
-           "has_mask_input": np.zeros(1, np.float32)}}
-  inputs = []
-  for n, v in feeds.items():
-      inputs.append(tc.InferInput(n, list(v.shape), "FP32"))
-      inputs[-1].set_data_from_numpy(v)
-  answer = client.infer("{dec}", inputs)
-  print(answer.as_numpy("masks").shape, answer.as_numpy("iou_predictions"))  # 4 masks ({mask}x{mask} logits), scores
-"""
