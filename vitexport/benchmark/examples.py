@@ -4,12 +4,10 @@ the images shown are read again, so a report's size and memory do not grow with 
 
 from __future__ import annotations
 
-import base64
-import io
-
 import numpy as np
 
 from ..data.stream import InputCache
+from ..parity.examples import picture_uri
 from ..paths import display_path
 from ..validate.evaluate import ValidationSet
 
@@ -20,20 +18,12 @@ IMAGE_KEYS = ("index", "reference_neighbour", "output_neighbour")  # the example
 def thumbnail(inputs: InputCache, i: int, side: int = THUMB_SIDE) -> str:
     """Input i as the model saw it (its crop; a .npy input unnormalised with the model's mean and std), as a JPEG
     data: URI."""
-    from PIL import Image
-
     x = inputs.item(i)
     if x.dtype != np.uint8:
         pp = inputs.pp
         x = x.transpose(1, 2, 0) * np.asarray(pp.std, np.float32) + np.asarray(pp.mean, np.float32)
         x = (np.clip(x, 0, 1) * 255).round().astype(np.uint8)
-    img = Image.fromarray(np.ascontiguousarray(x))
-    scale = side / max(img.size)
-    if scale < 1:
-        img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.BILINEAR)
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG", quality=82)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return picture_uri(x, side, "JPEG")
 
 
 def image_name(vset: ValidationSet, i: int) -> str:
@@ -54,10 +44,9 @@ def attach(examples_of: list[list[dict]], vset: ValidationSet, names: list[str] 
     they name to `pictures` ({str(index): {file, thumb}}), once each."""
     for examples in examples_of:
         for ex in examples:
-            for who in ("reference", "output"):
-                for entry in ex.get(who, ()):
-                    if isinstance(ex.get(who), list) and len(entry) == 2:
-                        entry.append(_name(names, entry[0]))
+            for entry in ex.get("reference", []) + ex.get("output", []):  # a classifier's top-3s: [class, p]
+                if len(entry) == 2:
+                    entry.append(_name(names, entry[0]))
             if vset.labels is not None and "reference" in ex and "label" not in ex:
                 ex["label"] = [int(vset.labels[ex["index"]]), _name(names, int(vset.labels[ex["index"]]))]
             for key in IMAGE_KEYS:

@@ -20,14 +20,15 @@ def write_outputs(report: BenchReport, json_path=None, markdown_path=None, csv_p
         if path:
             write_text_atomic(Path(path), render(report))
             written.append(Path(path))
+    d = json.loads(to_json(report)) if plot_path or html_path else {}  # what the JSON holds, NaN as null
     if plot_path:
         from .plot import plot  # matplotlib, only for a plot
 
-        plot(json.loads(to_json(report)), Path(plot_path))
+        plot(d, Path(plot_path))
         written.append(Path(plot_path))
     if html_path:
         from .html import render as page
 
-        write_text_atomic(Path(html_path), page(json.loads(to_json(report))))
+        write_text_atomic(Path(html_path), page(d))
         written.append(Path(html_path))
     return written

@@ -58,9 +58,10 @@ class ParityAccumulator:
     """The reference's and one candidate's outputs for images [start, start + B), in any order; `stats()` at the end.
 
     labels: (N,) class indices of all N images (or a Truth), or None for unlabelled data.
+    examples: keep the images that explain a miss (parity.examples); False for the reference against itself.
     """
 
-    def __init__(self, n: int, labels: np.ndarray | Truth | None = None) -> None:
+    def __init__(self, n: int, labels: np.ndarray | Truth | None = None, examples: bool = True) -> None:
         truth = labels if isinstance(labels, Truth) else Truth(labels)
         self.n, self.labels = int(n), None if truth.labels is None else np.asarray(truth.labels, dtype=np.int64)
         self.subset = None if truth.subset is None or self.labels is None else np.asarray(truth.subset, np.int64)
@@ -76,7 +77,7 @@ class ParityAccumulator:
         self.right = {k: np.zeros(self.n, bool) for k in ("ref1", "out1", "ref5", "out5")}
         self.dense = truth.dense
         # the images that explain a miss (parity.examples): flipped top-1s, or a dense model's worst maps
-        self.worst = Worst(MAX_FLIPS if truth.dense is None else MAX_DENSE)
+        self.worst = Worst(0 if not examples else MAX_FLIPS if truth.dense is None else MAX_DENSE)
         self.dense_figures = None if truth.dense is None else \
             DenseAccumulator(truth.dense, self.n, truth.read_truth, truth.relative_depth, truth.image_part,
                              truth.masks, self.worst)

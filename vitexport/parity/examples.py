@@ -92,8 +92,8 @@ def palette(classes: int) -> np.ndarray:
     return out
 
 
-def png_uri(rgb: np.ndarray, nearest: bool = False, side: int = MAP_SIDE) -> str:
-    """An (H, W, 3) uint8 picture as a data: URI of a PNG, its longest side at most `side`."""
+def picture_uri(rgb: np.ndarray, side: int, fmt: str = "PNG", nearest: bool = False) -> str:
+    """An (H, W, 3) uint8 picture as a data: URI (PNG, or JPEG for a photo), its longest side at most `side`."""
     from PIL import Image
 
     img = Image.fromarray(np.ascontiguousarray(rgb))
@@ -102,8 +102,13 @@ def png_uri(rgb: np.ndarray, nearest: bool = False, side: int = MAP_SIDE) -> str
         img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))),
                          Image.NEAREST if nearest else Image.BILINEAR)
     buf = io.BytesIO()
-    img.save(buf, format="PNG", optimize=True)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    img.save(buf, format=fmt, **({"optimize": True} if fmt == "PNG" else {"quality": 82}))
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def png_uri(rgb: np.ndarray, nearest: bool = False) -> str:
+    """A dense map's picture: PNG, its longest side at most MAP_SIDE."""
+    return picture_uri(rgb, MAP_SIDE, nearest=nearest)
 
 
 def depth_pictures(ref: np.ndarray, out: np.ndarray) -> dict:

@@ -62,9 +62,7 @@ def evaluate(candidate: Infer, inputs: InputCache, labels: np.ndarray | Truth | 
     reference itself (its figures against itself are exact; `record` keeps its outputs for the backends after it).
     """
     batch = batch or getattr(inputs, "batch", None) or EVAL_BATCH
-    acc = ParityAccumulator(inputs.n, labels)
-    if reference is None:
-        acc.worst.limit = 0  # the reference against itself: nothing to show
+    acc = ParityAccumulator(inputs.n, labels, examples=reference is not None)  # itself: nothing to show
     infer_s = read_s = 0.0
     with log.bar(label, inputs.n) as advance:
         t_read = time.perf_counter()
