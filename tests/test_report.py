@@ -27,7 +27,7 @@ def test_rows_that_share_a_cause_are_one_line_and_a_lone_row_keeps_its_reason():
     results += [_off(f"onnxruntime trt-ep {p}", GPU.format("TensorrtExecutionProvider")) for p in ("fp32", "fp16")]
     results += [_off(f"tensorrt cuda {p}", TRT) for p in ("fp16", "int8")]
     results += [_off("openvino cpu bf16", "this CPU has no BF16 arithmetic")]
-    lines = unavailable_lines(_report(results))
+    lines = unavailable_lines(_report(results).to_dict())
     assert lines == [
         "5 rows unavailable: no CUDA GPU visible (onnxruntime cuda fp32, onnxruntime cuda fp16, onnxruntime cuda "
         "int8, onnxruntime trt-ep fp32, onnxruntime trt-ep fp16)",

@@ -12,6 +12,7 @@ from html import escape
 
 from .chart import latency_svg, pareto_svg, served_svg, y_figure
 from .figures import fastest_line
+from .report import fmt, unavailable_lines, with_interval
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1280px;
@@ -61,21 +62,16 @@ document.querySelectorAll('table.sortable').forEach(function (table) {
 SHOWN_IMAGES = 16  # a row's examples shown on the page (the report keeps at most parity.examples' caps)
 
 
-def _num(v, spec: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
 def _cell(v, spec: str = ".2f", text: str | None = None) -> str:
     """A numeric cell that sorts by its value."""
     sort = "" if v is None or (isinstance(v, float) and math.isnan(v)) else f' data-v="{v!r}"'
-    return f"<td{sort}>{escape(text if text is not None else _num(v, spec))}</td>"
+    return f"<td{sort}>{escape(text if text is not None else fmt(v, spec))}</td>"
 
 
-def _rate(par: dict, key: str, digits: int = 2) -> tuple[float | None, str]:
-    v, ci = par.get(key), par.get(f"{key}_ci")
-    if v is None:
-        return None, "-"
-    return v, f"{v * 100:.{digits}f}" + ("" if not ci else f" ({ci[0] * 100:.1f}-{ci[1] * 100:.1f})")
+def _rate(par: dict, key: str) -> tuple[float | None, str]:
+    """(a rate, '98.89 (97.2-99.7)': in percent with its 95 % interval, as the terminal's table writes it)."""
+    ci = par.get(f"{key}_ci") or [None, None]
+    return par.get(key), with_interval(par.get(key), *ci)
 
 
 def figure_columns(d: dict) -> list[tuple[str, str]]:
@@ -135,7 +131,7 @@ def rows_table(d: dict) -> str:
                 cells += [_cell(par.get("acc_drop"), "", "-" if par.get("acc_drop") is None else
                                 f"{par['acc_drop']:+.2f} [{dci[0]:+.1f}, {dci[1]:+.1f}]" if dci else
                                 f"{par['acc_drop']:+.2f}"),
-                          f'<td>{_num(par.get("flips_down"), "d")}/{_num(par.get("flips_up"), "d")}</td>']
+                          f'<td>{fmt(par.get("flips_down"), "d")}/{fmt(par.get("flips_up"), "d")}</td>']
             cells += [f'<td class="l" data-v="{status}"><span class="tag {status}">{status}</span></td>',
                       f'<td class="why">{escape(why)}</td>']
             out.append("<tr>" + "".join(cells) + "</tr>")
@@ -174,9 +170,10 @@ def run_facts(d: dict) -> str:
 
 
 def unavailable(d: dict) -> str:
-    items = [f"<li><b>{escape(r['name'])}</b>: {escape(r.get('reason') or '')}</li>" for r in d["results"]
-             if not r.get("available") and not r.get("error")]
-    return "" if not items else "<details><summary>" + f"{len(items)} rows unavailable on this machine</summary><ul>" \
+    """The rows that could not run, as the terminal says them (a cause shared by several rows once), folded."""
+    items = [f"<li>{escape(line)}</li>" for line in unavailable_lines(d)]
+    count = sum(1 for r in d["results"] if not r.get("available") and not r.get("error"))
+    return "" if not items else f"<details><summary>{count} rows unavailable on this machine</summary><ul>" \
         + "".join(items) + "</ul></details>"
 
 
@@ -277,7 +274,7 @@ def render(d: dict) -> str:
                          + ([f"undecided: {', '.join(undecided)}"] if undecided else [])) or "a file failed")
     made_by = d.get("options", {}).get("made_by", "bench")
     title = f"vitexport {made_by}: {m['variant']} at {m['img_size'][0]}x{m['img_size'][1]}"
-    served = served_section(d)
+    served, fastest = served_section(d), fastest_line(d)
     return "".join([
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -291,7 +288,7 @@ def render(d: dict) -> str:
         "<h2>Rows</h2><p class=\"muted\">Click a heading to sort. Parity is judged against the reference on every "
         "input, with 95% intervals; the bounds are in docs/PARITY.md.</p>",
         '<div class="scroll">' + rows_table(d) + "</div>",
-        *([f'<p id="fastest">{escape(fastest_line(d))}.</p>'] if fastest_line(d) else []), unavailable(d),
+        *([f'<p id="fastest">{escape(fastest)}.</p>'] if fastest else []), unavailable(d),
         "<h2>Accuracy against throughput</h2>", pareto_svg(d),
         "<h2>Latency per run</h2>", latency_svg(d),
         "<h2>Where the rows differ from the reference</h2>", examples_section(d),

@@ -12,7 +12,7 @@ from .figures import fastest_line, figure_lines, labels_line, source_line, unset
 from .run import BackendResult, BenchReport
 
 
-def _fmt(v, spec: str, none: str = "-") -> str:
+def fmt(v, spec: str, none: str = "-") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return none
     return format(v, spec)
@@ -108,26 +108,26 @@ def rows(report: BenchReport) -> list[BenchRow]:
     return out
 
 
-def unavailable_lines(report: BenchReport) -> list[str]:
-    """The backends that could not run, rows that share a cause said once: 'N rows unavailable: cause (names)'.
+def unavailable_lines(d: dict) -> list[str]:
+    """The backends that could not run, rows that share a cause said once: 'N rows unavailable: cause (names)'; from
+    the report's dict (BenchReport.to_dict()), so the table and the page say the same.
 
     The cause is the reason up to its consequence (', so ...'): on a machine without a GPU every CUDA and TensorRT
     row has one, and a table that ends in nine copies of it hides the line that matters.
     """
-    groups: dict[str, list[BackendResult]] = {}
-    for r in report.results:
-        if not r.available and not r.error:  # a served row that failed is said as a failure
-            groups.setdefault(r.reason.split(", so ")[0], []).append(r)
+    groups: dict[str, list[dict]] = {}
+    for r in d["results"]:
+        if not r["available"] and not r.get("error"):  # a served row that failed is said as a failure
+            groups.setdefault(r["reason"].split(", so ")[0], []).append(r)
     out = []
     for cause, members in groups.items():
-        reasons = {r.reason for r in members}
+        reasons = {r["reason"] for r in members}
         said = reasons.pop() if len(reasons) == 1 else cause
+        what = "" if said.startswith("not run:") else "unavailable: "  # not run: its file failed (said apart)
         if len(members) == 1:
-            what = "" if said.startswith("not run:") else "unavailable: "  # not run: its file failed (said apart)
-            out.append(f"{members[0].name}: {what}{said}")
+            out.append(f"{members[0]['name']}: {what}{said}")
         else:
-            what = "" if said.startswith("not run:") else "unavailable: "
-            out.append(f"{len(members)} rows {what}{said} ({', '.join(r.name for r in members)})")
+            out.append(f"{len(members)} rows {what}{said} ({', '.join(r['name'] for r in members)})")
     return out
 
 
@@ -163,7 +163,7 @@ def _intervals(st) -> dict:
                 flips_up=st.flips_up)
 
 
-def _with_interval(v, lo, hi, digits: int = 2) -> str:
+def with_interval(v, lo, hi, digits: int = 2) -> str:
     """'98.89 (97.2-99.7)': a rate in percent and its 95 % interval."""
     if v is None:
         return "-"
@@ -210,17 +210,18 @@ def print_table(report: BenchReport, console=None) -> None:
             if labelled else []) + [("parity", {})]:
         t.add_column(col, **kw)
     for row in table:
-        cells = [row.backend, _fmt(row.batch, "d")] + ([_conc(row)] if loaded else []) + [
-                 _fmt(row.mean_ms, ".2f"), _fmt(row.p50_ms, ".2f"),
-                 _fmt(row.p99_ms, ".2f"), _fmt(row.throughput, ".1f"), _ratio(row.vs_reference),
-                 _fmt(row.max_abs, ".2e"), _fmt(row.cos_min, ".5f"),
-                 _with_interval(row.top1_agree, row.top1_agree_low, row.top1_agree_high, 1)]
+        cells = [row.backend, fmt(row.batch, "d")] + ([_conc(row)] if loaded else []) + [
+                 fmt(row.mean_ms, ".2f"), fmt(row.p50_ms, ".2f"),
+                 fmt(row.p99_ms, ".2f"), fmt(row.throughput, ".1f"), _ratio(row.vs_reference),
+                 fmt(row.max_abs, ".2e"), fmt(row.cos_min, ".5f"),
+                 with_interval(row.top1_agree, row.top1_agree_low, row.top1_agree_high, 1)]
         if labelled:
-            cells += [_with_interval(row.acc, row.acc_low, row.acc_high), _drop(row)]
+            cells += [with_interval(row.acc, row.acc_low, row.acc_high), _drop(row)]
         cells.append(_PARITY_STYLE[row.parity])
         t.add_row(*cells)
     console.print(t)
-    for line in unavailable_lines(report):
+    rd = report.to_dict()
+    for line in unavailable_lines(rd):
         console.print(f"  [dim]{escape(line)}[/dim]")
     for r in report.results:
         if r.available and r.missed_parity and r.parity is not None:
@@ -243,8 +244,7 @@ def print_table(report: BenchReport, console=None) -> None:
                       f"decoded once in {dec['seconds']:.1f}s ({dec['images_per_s'] or 0:,.0f}/s, {dec['workers']} "
                       f"workers); inference per backend: "
                       + ", ".join(f"{r.name} {r.timing['inference_s']:.1f}s" for r in report.results if r.timing))
-    for line in [fastest_line(report.to_dict()), source_line(d), labels_line(d)] + figure_lines(report) + \
-            [unsettled_line(report)]:
+    for line in [fastest_line(rd), source_line(d), labels_line(d)] + figure_lines(report) + [unsettled_line(report)]:
         if line:
             console.print(f"  {escape(line)}")
     if skipped_count(d):
@@ -335,15 +335,16 @@ def to_markdown(report: BenchReport) -> str:
     ]
     for r in rows(report):
         lines.append(
-            f"| {r.backend} | {_fmt(r.batch, 'd')}{'' if r.concurrency is None else f' x{_conc(r)}'} | {_fmt(r.mean_ms, '.2f')} | {_fmt(r.p50_ms, '.2f')} | "
-            f"{_fmt(r.p90_ms, '.2f')} | {_fmt(r.p99_ms, '.2f')} | {_fmt(r.throughput, '.1f')} | "
-            f"{_ratio(r.vs_reference, '')} | {_fmt(r.max_abs, '.2e')} | {_fmt(r.cos_min, '.5f')} | "
-            f"{_with_interval(r.top1_agree, r.top1_agree_low, r.top1_agree_high, 1)} | "
-            f"{_with_interval(r.acc, r.acc_low, r.acc_high)} | {_drop(r)} | {r.parity} |")
-    unavailable = unavailable_lines(report)
+            f"| {r.backend} | {fmt(r.batch, 'd')}{'' if r.concurrency is None else f' x{_conc(r)}'} | {fmt(r.mean_ms, '.2f')} | {fmt(r.p50_ms, '.2f')} | "
+            f"{fmt(r.p90_ms, '.2f')} | {fmt(r.p99_ms, '.2f')} | {fmt(r.throughput, '.1f')} | "
+            f"{_ratio(r.vs_reference, '')} | {fmt(r.max_abs, '.2e')} | {fmt(r.cos_min, '.5f')} | "
+            f"{with_interval(r.top1_agree, r.top1_agree_low, r.top1_agree_high, 1)} | "
+            f"{with_interval(r.acc, r.acc_low, r.acc_high)} | {_drop(r)} | {r.parity} |")
+    rd = report.to_dict()
+    unavailable = unavailable_lines(rd)
     if unavailable:
         lines += ["", "Unavailable:", ""] + [f"- {line}" for line in unavailable]
-    if more := [x for x in [fastest_line(report.to_dict()), source_line(report.data), labels_line(report.data)]
+    if more := [x for x in [fastest_line(rd), source_line(report.data), labels_line(report.data)]
                 + figure_lines(report)
                 + [unsettled_line(report)] if x]:
         lines += ["", "Labels and further figures:", ""] + [f"- {x}" for x in more]
