@@ -33,7 +33,6 @@ from ..validate.evaluate import ValidationSet, eval_batch, open_validation
 from .against import Reference, parity_pass
 from .examples import attach
 from .plan import bench_sizes, default_bench_data, generated_note, judged_output, refuse_unusable, torch_model
-from ..backends.ort_backend import OrtRunner
 from .latency import Latency, measure_latency, takes_batch
 from .served import EndpointOptions, endpoint_runners, partial, probe, time_served
 
@@ -193,9 +192,10 @@ def prepare_bench(target: Path | ModelFolder | None, spec: ModelSpec | None = No
     return folder
 
 
-def discover(folder: ModelFolder, model, threads: int, gpu: bool,
-             io: tuple[str, str] | None = None) -> list[Runner]:
-    """Every backend x precision worth trying for this model, available or not (load() decides)."""
+def discover(folder: ModelFolder, model, threads: int, gpu: bool, io: tuple[str, str] | None = None,
+             extra: tuple[tuple[str, str, Path], ...] = ()) -> list[Runner]:
+    """Every backend x precision worth trying for this model, available or not (load() decides); `extra`: ONNX
+    files outside the manifest, (row kind, precision, file), on ONNX Runtime's CPU provider."""
     from ..aoti.make import AOTI_KINDS
     from ..backends.aoti_backend import AotiRunner
     from ..backends.openvino_backend import OpenVinoRunner
@@ -219,6 +219,7 @@ def discover(folder: ModelFolder, model, threads: int, gpu: bool,
     runners += [OpenVinoRunner(folder.onnx(kind), prec, threads, **names) for prec, kind in OPENVINO_ROWS.items()]
     runners += [TensorRTRunner(folder.plan(prec), output_name=None if io is None else io[1]) for prec in PLAN_ORDER]
     runners += [AotiRunner(folder.onnx(kind), prec, None if io is None else io[1]) for kind, prec in AOTI_KINDS.items()]
+    runners += [OrtRunner(path, prec, "cpu", threads, kind=kind, **names) for kind, prec, path in extra]
     return runners
 
 
@@ -348,9 +349,7 @@ def _bench(folder: ModelFolder, manifest: Manifest, sizes: list, checks: list[Fi
            gpu: bool, batches: tuple[int, ...], opts: BenchOptions, t_start: float, log: Log) -> BenchReport:
     output, embedding = judged_output(manifest, opts.judge_output)
     model = torch_model(manifest, output, log)
-    runners = discover(folder, model, threads, gpu, (manifest.input_name, output))
-    runners += [OrtRunner(path, prec, "cpu", threads, manifest.input_name, output, kind)
-                for kind, prec, path in opts.extra]
+    runners = discover(folder, model, threads, gpu, (manifest.input_name, output), opts.extra)
     if opts.backends or opts.rows:
         runners = [r for r in runners if any(s.lower() in r.name.lower() for s in opts.backends) or r.name in opts.rows
                    or (r.backend == "pytorch" and r.precision == "fp32" and r.device == "cpu"

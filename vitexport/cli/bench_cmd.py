@@ -10,7 +10,7 @@ import click
 
 from ..errors import VitexportError
 from ..parity.compare import DEFAULT_THRESHOLDS, Thresholds
-from .groups import MODEL, QUIET, TARGET, OptionGroup, opt, use
+from .groups import MODEL, QUIET, TARGET, OptionGroup, command_line, opt, report_file, use
 
 # the values a bound can take: a NaN would switch it off, a cosine above 1 fail every backend
 _BOUNDS = {"max_abs": (0.0, math.inf), "cos_min": (-1.0, 1.0), "cos_mean": (-1.0, 1.0), "top1_agree": (0.0, 1.0),
@@ -45,21 +45,6 @@ def _thresholds(ctx: click.Context, param: click.Parameter, specs: tuple[str, ..
                                      f"(fields: {', '.join(Thresholds.__dataclass_fields__)})",
                                      ctx=ctx, param=param) from None
     return out
-
-
-def _report_file(ctx: click.Context, param: click.Parameter, path: Path | None) -> Path | None:
-    """Checked before minutes of work, not after."""
-    if path is not None and (path.is_dir() or not (path.parent.is_dir() or not path.parent.exists())):
-        raise click.BadParameter(f"{path} is a folder or lies under a file; give a file path", ctx=ctx, param=param)
-    return path
-
-
-def command_line() -> str:
-    """The command as typed: `vitexport ARGS` (a report says what made it)."""
-    import shlex
-    import sys
-
-    return "vitexport " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
 def _bench_options(data, labels, max_images, workers, batches, iterations, min_time, warmup, threads, backends,
@@ -176,13 +161,13 @@ class ReportFiles:
 REPORT = OptionGroup(
     "files",
     lambda: [
-        opt("--json", "json_path", type=click.Path(path_type=Path), default=None, callback=_report_file),
-        opt("--markdown", "markdown_path", type=click.Path(path_type=Path), default=None, callback=_report_file),
-        opt("--csv", "csv_path", type=click.Path(path_type=Path), default=None, callback=_report_file),
-        opt("--plot", "plot_path", type=click.Path(path_type=Path), default=None, callback=_report_file,
+        opt("--json", "json_path", type=click.Path(path_type=Path), default=None, callback=report_file),
+        opt("--markdown", "markdown_path", type=click.Path(path_type=Path), default=None, callback=report_file),
+        opt("--csv", "csv_path", type=click.Path(path_type=Path), default=None, callback=report_file),
+        opt("--plot", "plot_path", type=click.Path(path_type=Path), default=None, callback=report_file,
             help="PNG: accuracy (or top-1 agreement) against throughput, a point per backend and batch, with the "
                  "Pareto front."),
-        opt("--html", "html_path", type=click.Path(path_type=Path), default=None, callback=_report_file,
+        opt("--html", "html_path", type=click.Path(path_type=Path), default=None, callback=report_file,
             help="One self-contained page (no network): the run, the rows (sortable), the accuracy/throughput "
                  "chart, each row's latency distribution, and the images where rows differ from the reference "
                  "(flipped top-1s, changed neighbours, a dense model's worst maps)."),

@@ -278,3 +278,18 @@ QUIET = OptionGroup(
     lambda: [opt("--quiet", "-q", is_flag=True, help="No progress output (warnings still show).")],
     lambda quiet: Log(quiet=quiet),
 )
+
+
+def report_file(ctx: click.Context, param: click.Parameter, path: Path | None) -> Path | None:
+    """Checked before minutes of work, not after."""
+    if path is not None and (path.is_dir() or not (path.parent.is_dir() or not path.parent.exists())):
+        raise click.BadParameter(f"{path} is a folder or lies under a file; give a file path", ctx=ctx, param=param)
+    return path
+
+
+def command_line() -> str:
+    """The command as typed: `vitexport ARGS` (a report says what made it)."""
+    import shlex
+    import sys
+
+    return "vitexport " + " ".join(shlex.quote(a) for a in sys.argv[1:])

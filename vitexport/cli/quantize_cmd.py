@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..precision.settings import GRAPH_KINDS, graph_kinds
-from .groups import CALIB, MODEL, QUIET, TARGET, one_flag, use
+from .groups import CALIB, MODEL, QUIET, TARGET, command_line, one_flag, report_file, use
 
 @click.command("quantize")
 @click.option("--fp16", is_flag=True, help="Mixed FP16, FP32 inputs/outputs.")
@@ -28,6 +28,7 @@ from .groups import CALIB, MODEL, QUIET, TARGET, one_flag, use
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="With --sensitivity: a bar plot of the groups' costs, PNG (needs matplotlib).")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              callback=report_file,
               help="Also the bench's page for the graph just made (`bench --html`), judged on the check's held-out "
                    "data against PyTorch FP32 on ONNX Runtime's CPU provider: where it differs (flipped images, a "
                    "dense model's worst maps), so the effect of a fallback or SmoothQuant can be seen. Not timed.")
@@ -49,13 +50,12 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
     if (json_path or plot_path) and not sensitivity:
         raise click.UsageError("--json and --plot write what --sensitivity measures; add --sensitivity.")
     if html_path is not None:
-        _check_page(html_path, kinds, sensitivity)
+        _check_page(kinds, sensitivity)
     if sensitivity:
         return _sensitivity(precision, kinds, target, spec, calib, json_path, plot_path, log)
     if target is not None:  # hashed for its check and parsed while the modules below are imported
         _prefetch_fp32(Path(target))
     from ..ensure import ensure_artifact
-
     from ..errors import ParityError
 
     for kind in kinds:
@@ -87,14 +87,12 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
         _write_page(artifact.folder, kinds, calib, html_path, log)
 
 
-def _check_page(path: Path, kinds: tuple[str, ...], sensitivity: bool) -> None:
-    """--html's refusals, before any work."""
+def _check_page(kinds: tuple[str, ...], sensitivity: bool) -> None:
+    """--html's refusals, before any work (its path: report_file, as bench's)."""
     from ..benchmark.run import ORT_KINDS
 
     if sensitivity:
         raise click.UsageError("--html shows the graph quantize makes; --sensitivity makes none.")
-    if path.is_dir() or (path.parent.exists() and not path.parent.is_dir()):
-        raise click.UsageError(f"--html {path}: a folder, or a path under a file; give a file path.")
     if not any(k in ORT_KINDS["cpu"] for k in kinds):
         raise click.UsageError(f"--html judges the graph on ONNX Runtime's CPU provider, which does not run "
                                f"{', '.join(kinds)} (shaped for TensorRT); leave out --html or --target tensorrt.")
@@ -107,21 +105,20 @@ def _write_page(folder, kinds: tuple[str, ...], calib, path: Path, log, rejected
     from ..benchmark.outputs import write_outputs
     from ..benchmark.run import ORT_KINDS, BenchOptions, run_bench
     from ..paths import default_heldout_dir
-    from .bench_cmd import command_line
 
     shown = [k for k in kinds if k in ORT_KINDS["cpu"]]
-    extra = tuple((f"{k} (rejected)", artifact_kind(k).precision, folder.rejected(k)) for k in shown) if rejected \
-        else ()
-    rows = tuple(f"onnxruntime cpu {k}" for k in shown) if not rejected else tuple(f"onnxruntime cpu {e[0]}"
-                                                                                     for e in extra)
-    data = calib.check_data or default_heldout_dir(folder.read_manifest().variant)
-    report = run_bench(folder, BenchOptions(data=data, labels=calib.check_labels, rows=rows, timed=False,
-                                            extra=extra), log)
+    # the rejected graph is outside the manifest: its row is added as a file of its own, named apart
+    names = [f"{k} (rejected)" for k in shown] if rejected else shown
+    extra = tuple((n, artifact_kind(k).precision, folder.rejected(k)) for n, k in zip(names, shown)) if rejected else ()
+    manifest = folder.read_manifest()
+    rows = tuple(f"onnxruntime cpu {n}" for n in names)
+    report = run_bench(folder, BenchOptions(data=calib.check_data or default_heldout_dir(manifest.variant),
+                                            labels=calib.check_labels, rows=rows, timed=False, extra=extra), log)
     report.command = command_line()
-    records = folder.read_manifest().precisions
     report.options["made_by"] = "quantize"  # the page's title; and what each graph was made with, as recorded
-    report.options["records"] = {} if rejected else {k: {f: v for f, v in records[k].to_dict().items() if f != "check"}
-                                                     for k in kinds if k in records}
+    report.options["records"] = {} if rejected else {
+        k: {f: v for f, v in manifest.precisions[k].to_dict().items() if f != "check"}
+        for k in kinds if k in manifest.precisions}
     for p in write_outputs(report, html_path=path):
         click.echo(f"Page: {p}")
 
