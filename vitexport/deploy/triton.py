@@ -34,9 +34,19 @@ from ..model.labels import class_names
 from ..paths import FILE_SYSTEM_LIMITS, sha256_file, write_error
 from ..progress import QUIET, Log
 
-# --format -> Triton's platform, or its backend (OpenVINO's names none: `backend:`, and its ONNX file named)
-FORMATS = {"onnx": "onnxruntime_onnx", "plan": "tensorrt_plan", "openvino": "openvino"}
-BACKENDS = ("openvino",)
+
+@dataclass(frozen=True)
+class Format:
+    """What a --format puts in the entry."""
+
+    runtime: str  # Triton's platform, or the backend's name where it has no platform (`backend:`, its file named)
+    file: str  # the model file in the version folder (TritonModelFolder.model): 'onnx' | 'plan'
+    instances: str  # the instance_group kind
+    backend: bool = False
+
+
+FORMATS = {"onnx": Format("onnxruntime_onnx", "onnx", "KIND_AUTO"), "plan": Format("tensorrt_plan", "plan", "KIND_GPU"),
+           "openvino": Format("openvino", "onnx", "KIND_CPU", backend=True)}  # OpenVINO's backend reads the ONNX
 DEFAULT_MAX_BATCH = 32  # for an ONNX with a symbolic batch axis (a plan's comes from its profile)
 # ONNX TensorProto element types -> Triton data types
 TRITON_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
@@ -103,8 +113,8 @@ def graph_io(onnx_path: Path) -> tuple[list[TensorConfig], list[TensorConfig], b
     return out[0], out[1], batched
 
 
-def render_config(name: str, platform: str, max_batch_size: int, inputs: list[TensorConfig],
-                  outputs: list[TensorConfig], instances: int, kind: str, label_output: str | None) -> str:
+def render_config(name: str, fmt: Format, max_batch_size: int, inputs: list[TensorConfig],
+                  outputs: list[TensorConfig], instances: int, label_output: str | None) -> str:
     """config.pbtxt in protobuf text format (Triton's ModelConfig)."""
 
     def tensor(t: TensorConfig, labels: bool) -> str:
@@ -112,14 +122,14 @@ def render_config(name: str, platform: str, max_batch_size: int, inputs: list[Te
         return (f'  {{\n    name: "{t.name}"\n    data_type: {t.data_type}\n'
                 f'    dims: [ {", ".join(map(str, t.dims))} ]{label}\n  }}')
 
-    runtime = [f'backend: "{platform}"', f'default_model_filename: "{TRITON_MODEL_FILES["onnx"]}"'] \
-        if platform in BACKENDS else [f'platform: "{platform}"']
+    runtime = [f'backend: "{fmt.runtime}"', f'default_model_filename: "{TRITON_MODEL_FILES[fmt.file]}"'] \
+        if fmt.backend else [f'platform: "{fmt.runtime}"']
     lines = [f'name: "{name}"', *runtime, f"max_batch_size: {max_batch_size}",
              "input [\n" + ",\n".join(tensor(t, False) for t in inputs) + "\n]",
              "output [\n" + ",\n".join(tensor(t, t.name == label_output) for t in outputs) + "\n]"]
     if max_batch_size > 0:
         lines.append("dynamic_batching { }")
-    lines.append(f"instance_group [\n  {{\n    count: {instances}\n    kind: {kind}\n  }}\n]")
+    lines.append(f"instance_group [\n  {{\n    count: {instances}\n    kind: {fmt.instances}\n  }}\n]")
     return "\n".join(lines) + "\n"
 
 
@@ -236,7 +246,7 @@ def _stage_model(staging: TritonModelFolder, target: TritonModelFolder, opts: Tr
                  pp: Preprocess) -> Path:
     """The model file in the staging folder: a copy (an ONNX keeps its external data's name beside it), or the
     graph behind a uint8 input."""
-    fmt = "plan" if opts.format == "plan" else "onnx"  # OpenVINO's backend reads the ONNX file too
+    fmt = FORMATS[opts.format].file
     staged = staging.model(fmt)
     with _writing(target.model(fmt), staging.path):
         staging.version_dir.mkdir(parents=True)
@@ -322,7 +332,8 @@ def _stage_entry(folder: ModelFolder, manifest: Manifest, path: Path, opts: Trit
             require(folder, kind, manifest)
             staged = _stage_model(staging, target, opts, model, manifest.preprocess)
         _check_existing(target, sha256_file(staged), opts.force)
-        inputs, outputs, batched = graph_io(staged if opts.format != "plan" else describing)
+        fmt = FORMATS[opts.format]
+        inputs, outputs, batched = graph_io(staged if fmt.file == "onnx" else describing)
         if kind == "decoder":  # whole tensors, as SAM's own graph takes them (has_mask_input (B,) has no dims but
             # the batch, and requests of other point counts are never batched together anyway)
             inputs, outputs = ([replace(t, dims=[-1, *t.dims]) for t in ts] for ts in (inputs, outputs))
@@ -331,9 +342,8 @@ def _stage_entry(folder: ModelFolder, manifest: Manifest, path: Path, opts: Trit
         max_batch = (opts.max_batch or plan_max or DEFAULT_MAX_BATCH) if batched else 0
         labels = class_names(manifest) if kind != "decoder" else []
         label_output = next((o.name for o in outputs if batched and o.dims == [len(labels)]), None)
-        kind_of_device = {"plan": "KIND_GPU", "openvino": "KIND_CPU"}.get(opts.format, "KIND_AUTO")
-        config = render_config(path.name, FORMATS[opts.format], max_batch, inputs, outputs, opts.instances,
-                               kind_of_device, label_output if labels else None)
+        config = render_config(path.name, fmt, max_batch, inputs, outputs, opts.instances,
+                               label_output if labels else None)
         if labels and label_output:
             with _writing(target.labels, staging.path):
                 staging.labels.write_text("\n".join(labels) + "\n")
@@ -342,4 +352,4 @@ def _stage_entry(folder: ModelFolder, manifest: Manifest, path: Path, opts: Trit
     except BaseException:
         shutil.rmtree(staging.path, ignore_errors=True)
         raise
-    return staging, TritonModel(target, FORMATS[opts.format], max_batch, inputs, outputs, model, config)
+    return staging, TritonModel(target, fmt.runtime, max_batch, inputs, outputs, model, config)
