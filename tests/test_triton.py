@@ -35,6 +35,14 @@ def parse(model: TritonModelFolder):
     return text_format.Parse(model.config.read_text(), model_config_pb2.ModelConfig())
 
 
+def write_entry(folder, repo, name, *args):
+    """`vitexport triton -q FOLDER -o REPO ARGS`, which must succeed: (its result, REPO/NAME, NAME's parsed config)."""
+    r = CliRunner().invoke(cli, ["triton", "-q", str(folder), "-o", str(repo), *args])
+    assert r.exit_code == 0, r.output
+    model = TritonModelFolder(repo / name)
+    return r, model, parse(model)
+
+
 def assert_agrees_with_onnx(cfg, onnx_path, batched=True):
     """Names, data types and dims (without the batch axis) of the config are the graph's."""
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
@@ -49,11 +57,7 @@ def assert_agrees_with_onnx(cfg, onnx_path, batched=True):
 
 def test_onnx_repository(digits, tmp_path):
     repo = tmp_path / "repo"
-    r = CliRunner().invoke(cli, ["triton", "-q", str(digits.path), "-o", str(repo), "--max-batch", "16",
-                                 "--instances", "2"])
-    assert r.exit_code == 0, r.output
-    model = TritonModelFolder(repo / "vit_digits_patch4_32-fp32")
-    cfg = parse(model)
+    r, model, cfg = write_entry(digits.path, repo, "vit_digits_patch4_32-fp32", "--max-batch", "16", "--instances", "2")
     assert cfg.name == model.name and cfg.platform == "onnxruntime_onnx" and cfg.max_batch_size == 16
     assert cfg.HasField("dynamic_batching")
     assert [(g.count, model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)) for g in cfg.instance_group] == \
@@ -84,11 +88,8 @@ def test_openvino_repository_serves_the_int8_graph_on_the_cpu(digits_export, tmp
     for f in digits.path.glob("model.int8*"):  # made here (calibrated, checked), whatever another test left
         f.unlink()
     repo = tmp_path / "repo"
-    r = CliRunner().invoke(cli, ["triton", "-q", str(digits.path), "-o", str(repo), "--format", "openvino",
-                                 "--precision", "int8"])
-    assert r.exit_code == 0, r.output
-    model = TritonModelFolder(repo / "vit_digits_patch4_32-int8-openvino")
-    cfg = parse(model)
+    r, model, cfg = write_entry(digits.path, repo, "vit_digits_patch4_32-int8-openvino", "--format", "openvino",
+                                "--precision", "int8")
     assert cfg.backend == "openvino" and not cfg.platform and cfg.default_model_filename == "model.onnx"
     assert [model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group] == ["KIND_CPU"]
     assert model.model("onnx").read_bytes() == digits.onnx("int8").read_bytes()
@@ -118,11 +119,7 @@ def _fake_plan(folder: ModelFolder, precision: str, min_batch: int, max_batch: i
 def test_plan_repository_takes_the_profile_max(digits, tmp_path):
     plan = _fake_plan(digits, "fp32", 1, 24)
     repo = tmp_path / "repo"
-    r = CliRunner().invoke(cli, ["triton", "-q", str(digits.path), "-o", str(repo), "--format", "plan",
-                                 "--name", "digits_trt"])
-    assert r.exit_code == 0, r.output
-    model = TritonModelFolder(repo / "digits_trt")
-    cfg = parse(model)
+    r, model, cfg = write_entry(digits.path, repo, "digits_trt", "--format", "plan", "--name", "digits_trt")
     assert cfg.platform == "tensorrt_plan" and cfg.max_batch_size == 24
     assert model_config_pb2.ModelInstanceGroup.Kind.Name(cfg.instance_group[0].kind) == "KIND_GPU"
     assert model.model("plan").read_bytes() == plan
@@ -165,10 +162,7 @@ def test_uint8_input_normalises_inside_the_graph(digits, tmp_path):
     from vitexport.data.images import load_image, resize_and_crop
 
     repo = tmp_path / "repo"
-    r = CliRunner().invoke(cli, ["triton", "-q", str(digits.path), "-o", str(repo), "--uint8-input"])
-    assert r.exit_code == 0, r.output
-    model = TritonModelFolder(repo / "vit_digits_patch4_32-fp32-uint8")
-    cfg = parse(model)
+    r, model, cfg = write_entry(digits.path, repo, "vit_digits_patch4_32-fp32-uint8", "--uint8-input")
     assert model_config_pb2.DataType.Name(cfg.input[0].data_type) == "TYPE_UINT8"
     assert_agrees_with_onnx(cfg, model.model("onnx"))
     onnx.checker.check_model(str(model.model("onnx")), full_check=True)  # a graph we wrote: valid for onnx itself
