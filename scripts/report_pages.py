@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -96,8 +97,6 @@ def main() -> None:
     for n in a.sizes:
         data = write_set(ROOT / "calibration" / "digits" / "heldout", out / f"set-{n}", n)
         page, js = out / f"page-{n}.html", out / f"page-{n}.json"
-        import time
-
         t0 = time.perf_counter()
         rc, text = vx("bench", str(miss), "--data", str(data), "--no-prepare", "--backend", "onnxruntime cpu int8",
                       "--batch", "8", "--iterations", "3", "--min-time", "0", "--html", str(page), "--json", str(js),

@@ -25,8 +25,9 @@ def plot(d: dict, path: Path) -> None:
     front = pareto([(p.x, p.y) for p in pts])
     if len(front) > 1:
         ax.plot([x for x, _ in front], [y for _, y in front], "k--", linewidth=1)
+    on_front = set(front)
     for p in pts:
-        if (p.x, p.y) in set(front):
+        if (p.x, p.y) in on_front:
             ax.annotate(p.label, (p.x, p.y), textcoords="offset points", xytext=(6, 6), fontsize=7)
     ax.set_xlabel("images / s (log scale)")
     ax.set_ylabel(title)
