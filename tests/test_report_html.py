@@ -133,13 +133,14 @@ def test_quantize_writes_the_page_of_the_graph_its_check_rejected_and_of_one_it_
             assert all(i["width"] > 0 for i in page.images())
             pages[name] = {"rows": page.texts("#rows tbody tr td:first-child"), "h3": page.texts("h3"),
                            "verdict": page.texts("#verdict"), "cards": page.count(".card img"),
+                           "charts": page.count("svg.chart"),  # parity only: no empty charts
                            "facts": dict(zip(page.texts("table.facts td:first-child"),
                                              page.texts("table.facts td:nth-child(2)")))}
     rejected, kept = pages["rejected"], pages["kept"]
     assert rejected["rows"] == ["pytorch cpu fp32", "onnxruntime cpu int8 (rejected)"]
     assert any(t.startswith("onnxruntime cpu int8 (rejected): top-1 differs") for t in rejected["h3"])
     assert rejected["verdict"] == ["FAIL"] and rejected["cards"] > 0
-    assert kept["rows"] == ["pytorch cpu fp32", "onnxruntime cpu int8"]
+    assert kept["rows"] == ["pytorch cpu fp32", "onnxruntime cpu int8"] and kept["charts"] == rejected["charts"] == 0
     assert str(tmp_path / "noise-kept.npy") in kept["facts"]["int8 made with"]  # what the graph was made with
 
 

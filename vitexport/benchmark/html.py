@@ -275,6 +275,7 @@ def render(d: dict) -> str:
     made_by = d.get("options", {}).get("made_by", "bench")
     title = f"vitexport {made_by}: {m['variant']} at {m['img_size'][0]}x{m['img_size'][1]}"
     served, fastest = served_section(d), fastest_line(d)
+    timed = any(r.get("latency") for r in d["results"] if r.get("available"))
     return "".join([
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -289,8 +290,9 @@ def render(d: dict) -> str:
         "input, with 95% intervals; the bounds are in docs/PARITY.md.</p>",
         '<div class="scroll">' + rows_table(d) + "</div>",
         *([f'<p id="fastest">{escape(fastest)}.</p>'] if fastest else []), unavailable(d),
-        "<h2>Accuracy against throughput</h2>", pareto_svg(d),
-        "<h2>Latency per run</h2>", latency_svg(d),
+        *(["<h2>Accuracy against throughput</h2>", pareto_svg(d), "<h2>Latency per run</h2>", latency_svg(d)]
+          if timed else ['<p class="none">Parity only: no row was timed (`quantize --html` judges the graph it '
+                         'made; `bench --html` times the rows).</p>']),
         "<h2>Where the rows differ from the reference</h2>", examples_section(d),
         *(["<h2>Served models under load</h2>", served] if served else []),
         "<h2>The run</h2>", run_facts(d),
