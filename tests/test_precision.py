@@ -10,15 +10,18 @@ from click.testing import CliRunner
 from conftest import ROOT, copy_export
 from onnx import numpy_helper
 
+import vitexport
 from vitexport.artifacts.folder import LOCK_NAME, ModelFolder
 from vitexport.backends.ort_session import create_session
 from vitexport.cli import cli
 from vitexport.data.images import load_folder
+from vitexport.errors import VitexportError
 from vitexport.exporter.run import run_export
 from vitexport.model.spec import ModelSpec
 from vitexport.model.variants import DIGITS_VARIANT
 from vitexport.precision import CalibOptions, Int8Settings
 from vitexport.precision.prepare import run_quantize
+from vitexport.precision.settings import calib_options
 
 HELDOUT = ROOT / "calibration" / "digits" / "heldout"
 
@@ -275,9 +278,17 @@ def test_large_calibration_folder_reads_only_what_it_uses(digits, tmp_path, monk
     assert r.onnx_path.is_file() and len(opened) == 24 and data.list_images(big)
 
 
-def test_an_int8_file_with_8_bit_weights_is_stale_everywhere_and_remade(digits, tmp_path):
+def _cpu_int8_weight_max(folder) -> int:
+    """The largest |q| of model.int8.onnx's INT8 weights, read from the file."""
+    weights = [numpy_helper.to_array(i) for i in onnx.load(str(folder / "model.int8.onnx")).graph.initializer
+               if i.data_type == onnx.TensorProto.INT8 and len(i.dims) > 1]
+    return max(int(np.abs(w).max()) for w in weights)
+
+
+def test_an_int8_file_made_before_its_weight_range_was_recorded_is_stale_everywhere_and_remade(digits, tmp_path):
     from vitexport.artifacts.verify import STALE, check_onnx
     from vitexport.ensure import ensure_artifact
+    from vitexport.precision.int8 import cpu_weight_max
 
     folder = tmp_path / "m"
     shutil.copytree(digits, folder, ignore=shutil.ignore_patterns(LOCK_NAME))
@@ -285,17 +296,52 @@ def test_an_int8_file_with_8_bit_weights_is_stale_everywhere_and_remade(digits, 
     ensure_artifact(mf, "int8", calib=CalibOptions(samples=24, check=False))
     assert check_onnx(mf, "int8").ok
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["precisions"]["int8"]["qdq"].pop("weight_max") == 63
-    (folder / "manifest.json").write_text(json.dumps(manifest))  # a file made before the 7-bit weights
+    assert manifest["precisions"]["int8"]["qdq"].pop("weight_max") == _cpu_int8_weight_max(folder)
+    (folder / "manifest.json").write_text(json.dumps(manifest))  # a file made before the range was recorded
     check = check_onnx(mf, "int8")
     assert check.status == STALE and "8-bit weights" in check.reason
     info = CliRunner().invoke(cli, ["info", str(folder)])
     assert "8-bit weights" in info.output, info.output
     again = ensure_artifact(mf, "int8", calib=CalibOptions(samples=24, check=False))
     assert again.made and check_onnx(mf, "int8").ok
-    weights = [numpy_helper.to_array(i) for i in onnx.load(str(folder / "model.int8.onnx")).graph.initializer
-               if i.data_type == onnx.TensorProto.INT8 and len(i.dims) > 1]
-    assert max(int(np.abs(w).max()) for w in weights) == 63
+    assert _cpu_int8_weight_max(folder) == cpu_weight_max() in (63, 127)  # this CPU's choice
+
+
+def test_8_bit_cpu_weights_where_the_cpu_sums_them_exactly_and_7_bit_ones_where_it_saturates(digits, tmp_path,
+                                                                                            monkeypatch):
+    """The choice follows the CPU that makes the graph; a CPU that would saturate an 8-bit graph takes it as stale
+    and makes its own (bench, predict and triton make sure of it so), and refuses to make one."""
+    from vitexport import environment
+    from vitexport.artifacts.verify import STALE, check_onnx
+    from vitexport.ensure import ensure_artifact
+
+    folder = tmp_path / "m"
+    shutil.copytree(digits, folder, ignore=shutil.ignore_patterns(LOCK_NAME, "model.int8*.onnx"))
+    mf = ModelFolder(folder)
+    monkeypatch.setattr(environment, "cpu_sums_int8_exactly", lambda: True)
+    ensure_artifact(mf, "int8", calib=CalibOptions(samples=24, check=False))
+    assert _cpu_int8_weight_max(folder) == 127 and mf.read_manifest().precisions["int8"].qdq["weight_max"] == 127
+    seven = ensure_artifact(mf, "int8", calib=calib_options(calib_samples=24, weight_bits=7, no_check=True))
+    assert seven.made and _cpu_int8_weight_max(folder) == 63
+    assert not ensure_artifact(mf, "int8").made  # a 7-bit graph is right everywhere: kept
+    assert ensure_artifact(mf, "int8", calib=CalibOptions(samples=24, check=False)).made  # asked for the default
+    assert _cpu_int8_weight_max(folder) == 127
+
+    monkeypatch.setattr(environment, "cpu_sums_int8_exactly", lambda: False)
+    check = check_onnx(mf, "int8")
+    assert check.status == STALE and "sums with saturation" in check.reason
+    r = CliRunner().invoke(cli, ["quantize", str(folder), "--int8", "--weight-bits", "8", "--calib-samples", "24",
+                                 "--no-check"])
+    assert r.exit_code == 2 and "sums 8-bit INT8 weights with saturation" in r.output, r.output
+    assert "Hashing" not in r.output and "Traceback" not in r.output  # before any work
+    assert _cpu_int8_weight_max(folder) == 127  # refused before anything was written
+    again = ensure_artifact(mf, "int8")  # as bench makes sure of it: the file this CPU computes right
+    assert again.made and _cpu_int8_weight_max(folder) == 63 and check_onnx(mf, "int8").ok
+    for args in (["--fp16"], ["--fp8"], ["--int8", "--target", "tensorrt"]):  # their weights are 8 bits always
+        r = CliRunner().invoke(cli, ["quantize", str(folder), *args, "--weight-bits", "7"])
+        assert r.exit_code == 2 and "--weight-bits sets the CPU INT8 graph's weights" in r.output, r.output
+    with pytest.raises(VitexportError, match="weight_bits sets the CPU INT8 graph's weights"):
+        vitexport.quantize(folder, "int8", target="tensorrt", weight_bits=7)
 
 
 def test_int8_of_a_model_in_external_data_is_the_int8_of_the_inline_one(tmp_path, monkeypatch, digits_export):

@@ -151,14 +151,27 @@ def test_a_converted_file_of_an_earlier_export_is_stale(folder):
         assert c.sentence().endswith(f"; make it again with `{ARTIFACTS[kind].made_by}`.")
 
 
-@pytest.mark.parametrize("qdq", [None, {}, {"weight_max": 127}, {"weight_max": CPU_INT8_WEIGHT_MAX + 1}])
-def test_an_int8_file_without_7_bit_weights_is_stale(folder, qdq):
+@pytest.mark.parametrize("qdq", [None, {}, {"weight_max": 126}, {"weight_max": CPU_INT8_WEIGHT_MAX + 1}])
+def test_an_int8_file_without_a_known_weight_range_is_stale(folder, qdq):
     mf, manifest = folder
     manifest.precisions["int8"].qdq = qdq
     assert _check(mf, manifest, "int8") == (STALE, "has 8-bit weights (made by an earlier vitexport), which "
                                                    "saturate on CPUs without VNNI")
     manifest.precisions["fp16"].qdq = qdq  # the rule is INT8's alone
     assert _check(mf, manifest, "fp16") == (OK, "")
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_an_int8_file_with_8_bit_weights_is_current_only_where_the_cpu_sums_them_exactly(folder, monkeypatch, exact):
+    from vitexport import environment
+
+    mf, manifest = folder
+    monkeypatch.setattr(environment, "cpu_sums_int8_exactly", lambda: exact)
+    manifest.precisions["int8"].qdq = {"weight_max": 127}
+    want = (OK, "") if exact else (STALE, "has 8-bit weights, which this CPU (no VNNI or AMX) sums with saturation")
+    assert _check(mf, manifest, "int8") == want
+    manifest.precisions["int8"].qdq = {"weight_max": CPU_INT8_WEIGHT_MAX}  # 7 bits: right on every CPU
+    assert _check(mf, manifest, "int8") == (OK, "")
 
 
 def test_an_openvino_ir_against_its_weights_and_its_source(folder):

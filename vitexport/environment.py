@@ -81,6 +81,21 @@ def cpu_flags() -> list[str]:
     return []
 
 
+# x86 INT8 dot products that sum u8 x s8 products in int32 (AVX-512 VNNI, AVX-VNNI, AMX); without one the runtimes
+# add pairs of products in int16 (VPMADDUBSW), which saturates with 8-bit weights (precision/qdq.py)
+EXACT_INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+X86_MACHINES = ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def cpu_sums_int8_exactly() -> bool:
+    """Whether this CPU's INT8 kernels sum u8 x s8 products without saturating, so a CPU INT8 graph may have 8-bit
+    weights: an x86 CPU with VNNI or AMX, or another architecture (Arm's INT8 products are widened before they are
+    summed). False on an x86 CPU where /proc/cpuinfo cannot tell (not Linux): 7-bit weights are right on any CPU."""
+    if platform.machine().lower() not in X86_MACHINES:
+        return True
+    return any(f in EXACT_INT8_FLAGS for f in cpu_flags())
+
+
 def cpu_has_bf16() -> bool | None:
     """Whether this CPU does BF16 arithmetic (x86: AVX512_BF16 or AMX-BF16; Arm: the bf16 feature); None when
     /proc/cpuinfo does not say (not Linux)."""

@@ -150,10 +150,11 @@ def quantize(folder: str | Path, precision: str, *, target: str = "cpu", calib_d
              calib_samples: int | None = None, check: bool = True, check_data: str | Path | None = None,
              quantize_attention: bool | None = None, smoothquant: float | None = None,
              min_cos: float | None = None, max_drop: float | None = None, dense_target: float | None = None,
-             progress: Progress | None = None) -> list[QuantizeResult]:
+             weight_bits: int | None = None, progress: Progress | None = None) -> list[QuantizeResult]:
     """`vitexport quantize --fp16 | --int8 | --fp8 [--target cpu|tensorrt|all]` on an exported folder (or its
     model.onnx): each graph made and checked against FP32 on held-out images, one result per graph. Raises
-    ParityError when a graph misses its bounds (the file is not kept)."""
+    ParityError when a graph misses its bounds (the file is not kept). weight_bits: the CPU INT8 graph's weights, 7
+    or 8 bits (None: 8 where this CPU sums INT8 products exactly, with VNNI or AMX, else 7)."""
     from ..ensure import ensure_artifact
     from ..precision.settings import GRAPH_KINDS, calib_options, graph_kinds
 
@@ -163,9 +164,11 @@ def quantize(folder: str | Path, precision: str, *, target: str = "cpu", calib_d
         raise VitexportError(f"Unknown target {target!r}: choose one of {', '.join(GRAPH_KINDS[precision])}.")
     if precision == "fp16" and smoothquant is not None:
         raise VitexportError("smoothquant is for int8 and fp8.")
+    if weight_bits is not None and "int8" not in graph_kinds(precision, target):
+        raise VitexportError("weight_bits sets the CPU INT8 graph's weights (int8 with target cpu or all).")
     calib = calib_options(calib_data=calib_data, calib_samples=calib_samples, quantize_attention=quantize_attention,
                           smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop, dense_target=dense_target,
-                          check_data=check_data,
+                          weight_bits=weight_bits, check_data=check_data,
                           no_check=not check)
     log, results = _log(progress), []
     for kind in graph_kinds(precision, target):

@@ -82,8 +82,12 @@ PLAN_SOURCE: dict[str, str] = {"fp32": "fp32", "fp16": "fp16-trt", "int8": "int8
 PLAN_PRECISIONS = tuple(PLAN_SOURCE)
 
 
-CPU_INT8_WEIGHT_MAX = 63  # model.int8.onnx's weights lie in [-63, 63] (precision/qdq.py says why); a file
-# without that record (made before) is stale everywhere: verify.check_onnx says so, the precision step remakes it
+# model.int8.onnx's weights lie in [-63, 63] (7 bits, right on every CPU) or, made on a CPU that sums INT8 products
+# exactly (VNNI, AMX, Arm), in [-127, 127] (precision/qdq.py says why); the manifest's qdq.weight_max says which. A
+# file without that record (made before) is stale everywhere, an 8-bit one on a CPU that saturates them:
+# verify.check_onnx says so, the precision step remakes it
+CPU_INT8_WEIGHT_MAX = 63
+CPU_INT8_WEIGHT_MAX_EXACT = 127
 
 
 def artifact_kind(name: str) -> ArtifactKind:

@@ -18,11 +18,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import environment
 from ..errors import VitexportError
 from ..paths import sha256_file
 from .folder import (
     ARTIFACTS,
     CPU_INT8_WEIGHT_MAX,
+    CPU_INT8_WEIGHT_MAX_EXACT,
     MANIFEST_NAME,
     PLAN_PRECISIONS,
     ModelFolder,
@@ -149,9 +151,13 @@ def check_onnx(folder: ModelFolder, kind: str, manifest: Manifest | None = None)
         return FileCheck(kind, path, STALE, f"was made from an earlier {manifest.onnx}", sha, remedy)
     if rec.openvino is not None:  # an OpenVINO IR: its .bin, and the ONNX it was converted from
         return _check_ir(folder, kind, rec.openvino, sha, remedy)
-    if kind == "int8" and (rec.qdq or {}).get("weight_max") != CPU_INT8_WEIGHT_MAX:
+    weight_max = (rec.qdq or {}).get("weight_max")
+    if kind == "int8" and weight_max not in (CPU_INT8_WEIGHT_MAX, CPU_INT8_WEIGHT_MAX_EXACT):
         return FileCheck(kind, path, STALE, "has 8-bit weights (made by an earlier vitexport), which saturate on "
                                             "CPUs without VNNI", sha, remedy)
+    if kind == "int8" and weight_max == CPU_INT8_WEIGHT_MAX_EXACT and not environment.cpu_sums_int8_exactly():
+        return FileCheck(kind, path, STALE, "has 8-bit weights, which this CPU (no VNNI or AMX) sums with "
+                                            "saturation", sha, remedy)
     return FileCheck(kind, path, OK, sha256=sha)
 
 

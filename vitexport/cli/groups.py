@@ -251,6 +251,10 @@ CALIB = OptionGroup(
             metavar="[ALPHA]", help=f"INT8/FP8: SmoothQuant for the GEMMs a LayerNorm feeds (qkv, fc1): activation "
                                     f"outliers moved into the weights, folded into LayerNorm (alpha: how much of "
                                     f"their range moves; default {DEFAULT_ALPHA:g})."),
+        opt("--weight-bits", type=click.IntRange(7, 8), default=None, metavar="7|8",
+            help="INT8, the CPU graph (model.int8.onnx): its weights' bits. 8 are exact on CPUs with VNNI or AMX (and "
+                 "Arm), whose INT8 kernels sum in int32; other x86 CPUs sum pairs of products in int16, which 8 bits "
+                 "saturate and 7 cannot. Default: 8 where this CPU sums exactly, else 7."),
         opt("--min-cos", type=click.FloatRange(-1, 1), default=None, metavar="C",
             help="INT8/FP8: return the costliest GEMM groups to float, fewest first, until the minimum cosine to "
                  "FP32 on the held-out data is at least C; FP16: the costliest regions (blocks, stem, head) to "

@@ -47,6 +47,9 @@ def quantize_command(fp16, int8, fp8, graph_target, sensitivity, json_path, plot
     if precision == "fp16" and calib.int8.smoothquant is not None:
         raise click.UsageError("--smoothquant is for --int8 and --fp8.")
     kinds = graph_kinds(precision, graph_target)
+    if calib.int8.weight_bits is not None and "int8" not in kinds:
+        raise click.UsageError("--weight-bits sets the CPU INT8 graph's weights (--int8 with --target cpu or all); "
+                               "TensorRT's and FP8's have 8-bit ones.")
     if (json_path or plot_path) and not sensitivity:
         raise click.UsageError("--json and --plot write what --sensitivity measures; add --sensitivity.")
     if html_path is not None:

@@ -9,7 +9,7 @@ from ..artifacts.folder import ModelFolder, artifact_kind
 from ..artifacts.manifest import Manifest, PrecisionRecord
 from ..artifacts.verify import BROKEN, MISSING, check_onnx
 from ..paths import default_calib_dir
-from .int8 import placement_of
+from .int8 import cpu_weight_max, placement_of
 from .settings import CalibOptions
 
 
@@ -41,6 +41,8 @@ def _made_with(rec: PrecisionRecord, kind: str, calib: CalibOptions, manifest: M
     if cal is None:
         return False
     if kind == "int8-trt" and (rec.qdq or {}).get("placement", "vitexport") != placement_of(kind, calib.int8):
+        return False
+    if kind == "int8" and (rec.qdq or {}).get("weight_max") != cpu_weight_max(calib.int8.weight_bits):
         return False
     data = Path(calib.data) if calib.data else default_calib_dir(manifest.variant)
     wanted = {"data": str(data.resolve()), "requested_samples": calib.samples, **calib.int8.to_dict(),

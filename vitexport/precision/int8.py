@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -34,6 +34,7 @@ from .qdq import (
     write_qdq,
 )
 from .selection import GemmSelection, select_gemms
+from .settings import SATURATING_CPU
 
 CACHE_FORMAT = "vitexport-calibration/2"
 CALIB_BATCH = 4  # images per calibration run: memory is two batches of activations, whatever the image count
@@ -222,14 +223,34 @@ class KindFormat:
     fmt: QFormat
 
 
-KIND_FORMATS = {"int8": KindFormat("INT8", False, CPU_WEIGHT_MAX, INT8),
+KIND_FORMATS = {"int8": KindFormat("INT8", False, CPU_WEIGHT_MAX, INT8),  # weight_max: cpu_weight_max's
                 "int8-trt": KindFormat("TensorRT INT8", True, INT8_MAX, INT8),
                 "fp8": KindFormat("FP8", True, FP8_MAX, FP8)}
+WEIGHT_BITS = {7: CPU_WEIGHT_MAX, 8: INT8_MAX}  # `--weight-bits` -> the CPU graph's weight range
 
 
-def kind_format(kind: str) -> KindFormat:
+def cpu_weight_max(weight_bits: int | None = None) -> int:
+    """The CPU graph's weight range for `--weight-bits` (qdq.py says why it has two): None chooses 8 bits where
+    this CPU sums INT8 products exactly (environment.cpu_sums_int8_exactly), else 7. 8 asked for on a CPU that
+    saturates them is one sentence: the graph's check would run its wrong sums here."""
+    from .. import environment
+
+    exact = environment.cpu_sums_int8_exactly()
+    if weight_bits is None:
+        return INT8_MAX if exact else CPU_WEIGHT_MAX
+    if weight_bits not in WEIGHT_BITS:
+        raise VitexportError(f"The CPU INT8 graph's weights have 7 or 8 bits, not {weight_bits}.")
+    if weight_bits == 8 and not exact:
+        raise VitexportError(SATURATING_CPU)
+    return WEIGHT_BITS[weight_bits]
+
+
+def kind_format(kind: str, weight_bits: int | None = None) -> KindFormat:
+    """How `kind` is written; the CPU graph's weight range from `weight_bits` (cpu_weight_max)."""
     if kind not in KIND_FORMATS:
         raise VitexportError(f"Unknown INT8 kind {kind!r}; choose one of: {', '.join(QDQ_KINDS)}.")
+    if kind == "int8":
+        return replace(KIND_FORMATS[kind], weight_max=cpu_weight_max(weight_bits))
     return KIND_FORMATS[kind]
 
 
@@ -266,10 +287,11 @@ def channel_maxima(fp32: Path, data: CalibrationSet, preprocess, input_name: str
 
 
 def write_int8(kind: str, fp32: Path, dst: Path, selection: GemmSelection, amax: dict[str, float],
-               keep_nodes: tuple[str, ...] = ()) -> dict:
+               keep_nodes: tuple[str, ...] = (), weight_bits: int | None = None) -> dict:
     """Write the Q/DQ graph of `kind` (an INT8 kind, or fp8) to dst (checked by onnx.checker), its FP16 remainder
-    but `keep_nodes` (ranges.fp32_nodes); returns its Q/DQ invariants."""
-    f = kind_format(kind)
+    but `keep_nodes` (ranges.fp32_nodes), the CPU graph's weights of `weight_bits` (cpu_weight_max); returns its Q/DQ
+    invariants."""
+    f = kind_format(kind, weight_bits)
     model = write_qdq(fp32, dst, selection, amax, f.what, fp16=f.fp16, weight_max=f.weight_max, fmt=f.fmt,
                       keep_nodes=keep_nodes if f.fp16 else ())
     inv = trt_int8_invariants(model)  # the graph just written, not read back

@@ -261,7 +261,8 @@ def _quantize(folder: ModelFolder, kind: str, fp32: Path, fp32_sha: str, dst: Pa
         else:
             with log.step(f"Writing {folder.onnx(kind).name} ({len(cal.selection.nodes)} "
                           f"{artifact_kind(kind).precision.upper()} GEMMs)"):
-                record.qdq = write_int8(kind, cal.source, dst, cal.selection, cal.amax, cal.keep_nodes)
+                record.qdq = write_int8(kind, cal.source, dst, cal.selection, cal.amax, cal.keep_nodes,
+                                        settings.weight_bits)
     if kind == "int8-trt":
         record.qdq["placement"] = placement_of(kind, settings)
     if cal.smoothed is not None:
@@ -304,7 +305,7 @@ def _fall_back(folder: ModelFolder, kind: str, fp32: Path, cal: Calibrated, dst:
         store = fp32_reference(fp32, held, manifest, scratch, log)  # every pass and check is judged against it
     sim_args = (store, cal.source, cal.selection, cal.amax, kind, held, (manifest.input_name, manifest.output_name),
                 scratch)
-    sim = Simulator(*sim_args, log)
+    sim = Simulator(*sim_args, log, settings.weight_bits)
     sens: Sensitivity | None = None
     try:
         groups = sim.groups
@@ -321,7 +322,7 @@ def _fall_back(folder: ModelFolder, kind: str, fp32: Path, cal: Calibrated, dst:
         sim.close()
     while True:
         if k and sens is None:  # the written graph missed where the switched one met: now the ranking is needed
-            sim = Simulator(*sim_args, log)
+            sim = Simulator(*sim_args, log, settings.weight_bits)
             try:
                 sens = measure(sim, kind, log)
             finally:
@@ -331,7 +332,7 @@ def _fall_back(folder: ModelFolder, kind: str, fp32: Path, cal: Calibrated, dst:
         chosen = without(cal.selection, floated)
         with log.step(f"Writing {folder.onnx(kind).name} ({len(chosen.nodes)} {precision.upper()} GEMMs, {k} "
                       f"groups in float)"):
-            record.qdq = write_int8(kind, cal.source, dst, chosen, cal.amax, cal.keep_nodes)
+            record.qdq = write_int8(kind, cal.source, dst, chosen, cal.amax, cal.keep_nodes, settings.weight_bits)
         with log.step(f"Checking {precision.upper()} against FP32 on {len(held):,} held-out inputs ({held.source})"):
             verdict = check_against_fp32(fp32, dst, held, precision, manifest, bounds, log, reference=store)
         if target.holds(verdict.stats, strict) or k == len(groups):
@@ -339,7 +340,7 @@ def _fall_back(folder: ModelFolder, kind: str, fp32: Path, cal: Calibrated, dst:
         log.warn(f"The written graph misses {target.describe()} where the switched graph met it: one more group in "
                  f"float.")
         k += 1
-    speed = _speed_cost(kind, cal, dst, scratch, held, log) if floated else None
+    speed = _speed_cost(kind, cal, dst, scratch, held, log, settings.weight_bits) if floated else None
     names = [g.name for g in floated]
     emulated = "" if kind == "int8" else " (a CPU emulation of TensorRT's kernels: it says nothing of their speed)"
     log.info(f"Kept in float ({k} of {len(groups)} groups): {', '.join(names) or 'none'}"
@@ -352,12 +353,13 @@ def _fall_back(folder: ModelFolder, kind: str, fp32: Path, cal: Calibrated, dst:
     return verdict, {**facts, **({"speed": speed} if speed else {})}
 
 
-def _speed_cost(kind: str, cal: Calibrated, result: Path, scratch: Path, held: ValidationSet, log: Log) -> dict:
+def _speed_cost(kind: str, cal: Calibrated, result: Path, scratch: Path, held: ValidationSet, log: Log,
+                weight_bits: int | None) -> dict:
     """ONNX Runtime CPU latency (batch 1, medians of interleaved runs) of the result against the graph with every
     group quantized, written for the comparison and let go."""
     everything = scratch / "all-quantized.onnx"
     with log.step("Timing the result against every group quantized (ONNX Runtime CPU, batch 1)"):
-        write_int8(kind, cal.source, everything, cal.selection, cal.amax, cal.keep_nodes)
+        write_int8(kind, cal.source, everything, cal.selection, cal.amax, cal.keep_nodes, weight_bits)
         ms = interleaved_latency([result, everything], held.inputs.sample(1), optimization_for(
             artifact_kind(kind).precision))
         everything.unlink(missing_ok=True)
@@ -383,7 +385,7 @@ def run_sensitivity(model_dir: ModelFolder | Path, kind: str, opts: CalibOptions
             with log.step(f"FP32 reference on {len(held):,} held-out inputs"):
                 store = fp32_reference(fp32, held, manifest, Path(scratch), log)  # removed with scratch
             sim = Simulator(store, cal.source, cal.selection, cal.amax, kind, held,
-                            (manifest.input_name, manifest.output_name), Path(scratch), log)
+                            (manifest.input_name, manifest.output_name), Path(scratch), log, opts.int8.weight_bits)
             try:
                 return measure(sim, kind, log)
             finally:

@@ -5,11 +5,14 @@ symmetric, zero point 0), never on their outputs; the logits, LayerNorm, Softmax
 default) and matrix-vector products (the head) stay unquantized. They differ in what lies between the GEMMs
 and in the weights' range:
 
-- ``model.int8.onnx`` (CPU runtimes): FP32 between the INT8 GEMMs, weights in [-63, 63] (`CPU_WEIGHT_MAX`).
-  x86 CPUs without VNNI multiply u8 x s8 pairs with VPMADDUBSW, whose int16 sum of two products saturates above
-  32767; with 8-bit weights (2 x 255 x 127) a ViT's logits came out far off (digits: min cosine 0.92 on ONNX
-  Runtime, 0.42 on OpenVINO, against 0.99 with exact INT8 math). Seven-bit weights (2 x 255 x 63 = 32130) cannot
-  saturate, so one file is right on every CPU; this is ONNX Runtime's `reduce_range` and NNCF's overflow fix.
+- ``model.int8.onnx`` (CPU runtimes): FP32 between the INT8 GEMMs, weights in [-127, 127] or [-63, 63]
+  (`CPU_WEIGHT_MAX`, 7 bits). x86 CPUs without VNNI multiply u8 x s8 pairs with VPMADDUBSW, whose int16 sum of two
+  products saturates above 32767; with 8-bit weights (2 x 255 x 127) a ViT's logits came out far off (digits: min
+  cosine 0.92 on ONNX Runtime, 0.42 on OpenVINO, against 0.99 with exact INT8 math). Seven-bit weights
+  (2 x 255 x 63 = 32130) cannot saturate, so that file is right on every CPU (ONNX Runtime's `reduce_range`, NNCF's
+  overflow fix); but the lost bit costs a ViT-B/16 a quarter of its INT8 error (min cosine 0.9974 against 0.9989).
+  CPUs with VNNI or AMX sum in int32, exactly: made on one, the graph has 8-bit weights (int8.cpu_weight_max,
+  `--weight-bits`), and a CPU that would saturate them takes it as stale (artifacts/verify.py) and makes its own.
 - ``model.int8.trt.onnx`` (TensorRT): the placement NVIDIA's ModelOpt uses for TensorRT, full [-127, 127]
   weights (TensorRT's INT8 kernels accumulate in int32); every other op runs in FP16 with FP16 scales (opset
   19), so under strong typing TensorRT fuses the DequantizeLinear into the GEMM and keeps the rest in FP16.

@@ -68,11 +68,13 @@ class SwitchedWriter(QDQWriter):
         node.input[k] = out
 
 
-def switched_graph(source: Path, selection: GemmSelection, amax: dict[str, float], kind: str, groups: list[Group]):
-    """The kind's Q/DQ graph of `source` (an FP32 ONNX) with each group switched by FLAGS (module docstring)."""
+def switched_graph(source: Path, selection: GemmSelection, amax: dict[str, float], kind: str, groups: list[Group],
+                   weight_bits: int | None = None):
+    """The kind's Q/DQ graph of `source` (an FP32 ONNX) with each group switched by FLAGS (module docstring); the
+    CPU graph's weights of `weight_bits` (int8.cpu_weight_max)."""
     import onnx
 
-    f = kind_format(kind)
+    f = kind_format(kind, weight_bits)
     scale_dtype = np.float16 if f.fp16 else np.float32
     # the float weights too: a group in float reads them
     gemms, model = qdq_sources(source, selection, f.fp16, scale_dtype, f.weight_max, f.fmt, keep_float=True)
@@ -106,13 +108,14 @@ class Simulator:
     the caller's, who removes it)."""
 
     def __init__(self, store: OutputStore, source: Path, selection: GemmSelection, amax: dict[str, float], kind: str,
-                 held: ValidationSet, io: tuple[str, str], scratch: Path, log: Log = QUIET) -> None:
+                 held: ValidationSet, io: tuple[str, str], scratch: Path, log: Log = QUIET,
+                 weight_bits: int | None = None) -> None:
         self.groups = gemm_groups(selection)
         if not self.groups:
             raise VitexportError("No GEMM is quantized: there is nothing to measure or return to float.")
         self.held, self.io, self.store = held, io, store
         with log.step(f"Building the switched {kind} graph ({len(self.groups)} groups)"):
-            model = switched_graph(source, selection, amax, kind, self.groups)
+            model = switched_graph(source, selection, amax, kind, self.groups, weight_bits)
             if model.ByteSize() <= SERIALIZED_MAX:
                 graph: bytes | Path = model.SerializeToString()
             else:  # over protobuf's cap: saved beside its own external data in the scratch folder

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import environment
+from ..errors import VitexportError
+
 if TYPE_CHECKING:
     from ..parity.compare import Thresholds
 
@@ -14,6 +17,8 @@ CALIB_METHODS = ("minmax", "entropy", "percentile")  # how activation ranges are
 # squares (and x^3 of the tanh GELU): |x| > 256 squared leaves FP16's range
 DEFAULT_KEEP_FP32 = ("LayerNormalization", "Softmax", "Pow", "ReduceMean")
 DEFAULT_PERCENTILE = 99.999
+SATURATING_CPU = ("This CPU (no VNNI or AMX) sums 8-bit INT8 weights with saturation, so a graph with them cannot be "
+                  "checked here: make it on a CPU with VNNI or AMX, or leave --weight-bits out.")
 DEFAULT_ALPHA = 0.5  # SmoothQuant's migration strength (its paper's default): precision/smoothquant.py
 PLACEMENTS = ("vitexport", "modelopt")  # the TensorRT INT8 graph's Q/DQ placement (precision/placement.py)
 
@@ -29,6 +34,9 @@ class Int8Settings:
     exclude_blocks: list[int] = field(default_factory=list)  # whole transformer blocks kept in float
     placement: str = "vitexport"  # model.int8.trt.onnx only: one of PLACEMENTS (recorded in its qdq facts)
     smoothquant: float | None = None  # SmoothQuant's alpha for the LayerNorm-fed GEMMs (precision/smoothquant.py)
+    # model.int8.onnx's weights: 7 or 8 bits; None: 8 where this CPU sums INT8 products exactly, else 7
+    # (int8.cpu_weight_max); the ranges do not depend on it
+    weight_bits: int | None = None
     min_cos: float | None = None  # fallback target: groups return to float until the min cosine reaches this
     max_drop: float | None = None  # fallback target: ... until the top-1 drop is within this many points
     # fallback target of a dense model: ... until its task figure reaches this (depth: AbsRel at most; segmentation:
@@ -78,18 +86,23 @@ def calib_options(calib_data: Path | str | None = None, calib_samples: int | Non
                   calib_method: str = "percentile", percentile: float = DEFAULT_PERCENTILE,
                   quantize_attention: bool | None = None, placement: str = "vitexport",
                   smoothquant: float | None = None, min_cos: float | None = None, max_drop: float | None = None,
-                  dense_target: float | None = None,
+                  dense_target: float | None = None, weight_bits: int | None = None,
                   exclude_node: tuple[str, ...] | list[str] = (), exclude_block: tuple[int, ...] | list[int] = (),
                   keep_fp32: str | tuple[str, ...] = DEFAULT_KEEP_FP32, check_data: Path | str | None = None,
                   check_labels: tuple[Path, ...] = (), no_check: bool = False) -> CalibOptions:
     """A precision step's options from what a user gave, as `quantize`'s flags name them (the CLI's calibration
     options and `vitexport.quantize` both make them here). keep_fp32: op types, or one comma-separated string."""
     ops = keep_fp32.split(",") if isinstance(keep_fp32, str) else keep_fp32
+    if weight_bits not in (None, 7, 8):
+        raise VitexportError(f"The CPU INT8 graph's weights have 7 or 8 bits, not {weight_bits}.")
+    if weight_bits == 8 and not environment.cpu_sums_int8_exactly():  # said before minutes of calibrating
+        raise VitexportError(SATURATING_CPU)
     return CalibOptions(
         data=None if calib_data is None else Path(calib_data), samples=calib_samples,
         int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
                           exclude_nodes=list(exclude_node), exclude_blocks=list(exclude_block), placement=placement,
-                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop, dense_target=dense_target),
+                          smoothquant=smoothquant, min_cos=min_cos, max_drop=max_drop, dense_target=dense_target,
+                          weight_bits=weight_bits),
         keep_fp32=tuple(op.strip() for op in ops if op.strip()),
         check=not no_check, check_data=None if check_data is None else Path(check_data),
         check_labels=tuple(check_labels))
