@@ -34,7 +34,7 @@ from .qdq import (
     write_qdq,
 )
 from .selection import GemmSelection, select_gemms
-from .settings import SATURATING_CPU
+from .settings import weight_bits_here
 
 CACHE_FORMAT = "vitexport-calibration/2"
 CALIB_BATCH = 4  # images per calibration run: memory is two batches of activations, whatever the image count
@@ -230,19 +230,8 @@ WEIGHT_BITS = {7: CPU_WEIGHT_MAX, 8: INT8_MAX}  # `--weight-bits` -> the CPU gra
 
 
 def cpu_weight_max(weight_bits: int | None = None) -> int:
-    """The CPU graph's weight range for `--weight-bits` (qdq.py says why it has two): None chooses 8 bits where
-    this CPU sums INT8 products exactly (environment.cpu_sums_int8_exactly), else 7. 8 asked for on a CPU that
-    saturates them is one sentence: the graph's check would run its wrong sums here."""
-    from .. import environment
-
-    exact = environment.cpu_sums_int8_exactly()
-    if weight_bits is None:
-        return INT8_MAX if exact else CPU_WEIGHT_MAX
-    if weight_bits not in WEIGHT_BITS:
-        raise VitexportError(f"The CPU INT8 graph's weights have 7 or 8 bits, not {weight_bits}.")
-    if weight_bits == 8 and not exact:
-        raise VitexportError(SATURATING_CPU)
-    return WEIGHT_BITS[weight_bits]
+    """The CPU graph's weight range made on this CPU for `--weight-bits` (settings.weight_bits_here)."""
+    return WEIGHT_BITS[weight_bits_here(weight_bits)]
 
 
 def kind_format(kind: str, weight_bits: int | None = None) -> KindFormat:

@@ -17,8 +17,6 @@ CALIB_METHODS = ("minmax", "entropy", "percentile")  # how activation ranges are
 # squares (and x^3 of the tanh GELU): |x| > 256 squared leaves FP16's range
 DEFAULT_KEEP_FP32 = ("LayerNormalization", "Softmax", "Pow", "ReduceMean")
 DEFAULT_PERCENTILE = 99.999
-SATURATING_CPU = ("This CPU (no VNNI or AMX) sums 8-bit INT8 weights with saturation, so a graph with them cannot be "
-                  "checked here: make it on a CPU with VNNI or AMX, or leave --weight-bits out.")
 DEFAULT_ALPHA = 0.5  # SmoothQuant's migration strength (its paper's default): precision/smoothquant.py
 PLACEMENTS = ("vitexport", "modelopt")  # the TensorRT INT8 graph's Q/DQ placement (precision/placement.py)
 
@@ -57,6 +55,22 @@ class Int8Settings:
                                   ("dense_target", self.dense_target)) if v is not None}
 
 
+def weight_bits_here(weight_bits: int | None) -> int:
+    """The CPU INT8 graph's weight bits made on this CPU for `--weight-bits` (precision/qdq.py says why there are
+    two): None chooses 8 where this CPU sums INT8 products exactly (environment.cpu_sums_int8_exactly), else 7. 8
+    asked for on a CPU that saturates them is one sentence: the graph's check would run its wrong sums here."""
+    exact = environment.cpu_sums_int8_exactly()
+    if weight_bits is None:
+        return 8 if exact else 7
+    if weight_bits not in (7, 8):
+        raise VitexportError(f"The CPU INT8 graph's weights have 7 or 8 bits, not {weight_bits}.")
+    if weight_bits == 8 and not exact:
+        raise VitexportError("This CPU (no VNNI or AMX) sums 8-bit INT8 weights with saturation, so a graph with "
+                             "them cannot be checked here: make it on a CPU with VNNI or AMX, or leave --weight-bits "
+                             "out.")
+    return weight_bits
+
+
 @dataclass
 class CalibOptions:
     data: Path | None = None  # images or .npy batches; default: the shipped set for the model
@@ -93,10 +107,8 @@ def calib_options(calib_data: Path | str | None = None, calib_samples: int | Non
     """A precision step's options from what a user gave, as `quantize`'s flags name them (the CLI's calibration
     options and `vitexport.quantize` both make them here). keep_fp32: op types, or one comma-separated string."""
     ops = keep_fp32.split(",") if isinstance(keep_fp32, str) else keep_fp32
-    if weight_bits not in (None, 7, 8):
-        raise VitexportError(f"The CPU INT8 graph's weights have 7 or 8 bits, not {weight_bits}.")
-    if weight_bits == 8 and not environment.cpu_sums_int8_exactly():  # said before minutes of calibrating
-        raise VitexportError(SATURATING_CPU)
+    if weight_bits is not None:
+        weight_bits_here(weight_bits)  # a width this CPU cannot check: said before minutes of calibrating
     return CalibOptions(
         data=None if calib_data is None else Path(calib_data), samples=calib_samples,
         int8=Int8Settings(method=calib_method, percentile=percentile, quantize_attention=quantize_attention,
