@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..artifacts.folder import ModelFolder
+from ..artifacts.folder import CPU_INT8_WEIGHT_MAX_EXACT, ModelFolder
 
 if TYPE_CHECKING:
     from .triton import TritonModel
@@ -28,7 +28,7 @@ def serve_instructions(result: "TritonModel", folder: ModelFolder) -> str:
                         "where the CPU has BF16 (OpenVINO's default; the backend takes no f32 hint): `vitexport bench "
                         "--endpoint` judges what it serves"}.get(result.platform,
                                                                    "; leave out --gpus all to serve on the CPU")
-    return f"""Start Triton on the repository (NGC container; YY.MM: a tritonserver release{note}):
+    return f"""{_weights_note(result, folder)}Start Triton on the repository (NGC container; YY.MM: a tritonserver release{note}):
   docker run --rm --gpus all -p 8000:8000 -p 8001:8001 -p 8002:8002 -v {repo}:/models \\
       nvcr.io/nvidia/tritonserver:YY.MM-py3 tritonserver --model-repository=/models
 Ask it about one image (pip install tritonclient[http]; the preprocessing is the model's own):
@@ -45,6 +45,17 @@ Ask it about one image (pip install tritonclient[http]; the preprocessing is the
   {asked}
   print(client.infer("{result.folder.name}", [pixels], outputs=[{var}]).as_numpy("{out.name}"){shown})
 {_decoder_request(result, folder)}  EOF"""
+
+
+def _weights_note(result: "TritonModel", folder: ModelFolder) -> str:
+    """The CPU INT8 graph with 8-bit weights (made on a CPU with VNNI or AMX): which server CPUs compute it right."""
+    record = folder.read_manifest().precisions.get("int8")
+    if result.source.name != folder.onnx("int8").name or record is None or \
+            (record.qdq or {}).get("weight_max") != CPU_INT8_WEIGHT_MAX_EXACT:
+        return ""
+    return ("Its INT8 weights have 8 bits, exact on a server CPU with VNNI or AMX; one without (AVX2 only) sums them "
+            "with saturation: for such a server, make the graph with `vitexport quantize --int8 --weight-bits 7` and "
+            "write the entry again with --force.\n")
 
 
 def _decoder_request(result: "TritonModel", folder: ModelFolder) -> str:

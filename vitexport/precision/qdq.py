@@ -44,7 +44,7 @@ FP8_OPSET = 21
 CHANGED_BY_21 = ("DFT", "GridSample")
 BUMPABLE_FROM = 18  # from this opset on the number is raised to 19 in place; below, onnx's converter converts
 INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q (TensorRT's convention)
-CPU_WEIGHT_MAX = CPU_INT8_WEIGHT_MAX  # the CPU graph's weights: 7 bits, so VPMADDUBSW's pair sums cannot saturate
+CPU_WEIGHT_MAX = CPU_INT8_WEIGHT_MAX  # 7-bit weights, whose VPMADDUBSW pair sums cannot saturate (any CPU)
 MIN_SCALE = 2.0 ** -14  # smallest normal FP16: a zero range still gets a representable scale
 FP8_MAX = 448.0  # the largest finite FLOAT8E4M3FN
 
