@@ -9,7 +9,8 @@ Each folder is exported (`vitexport onnx -m ARCH`, random weights), its CPU INT8
 its packages (`aoti --precision bf16`, `--precision int8`, each timed: the compile time is reported apart). Then
 every row is loaded once, warmed up, and timed in interleaved rounds at batch 1 and 8 (the median of --runs calls
 a round); the ratio to ONNX Runtime FP32 is taken within a round and its median over rounds printed with its range.
-Parity: each row's outputs on the 7 shipped held-out photos against ONNX Runtime FP32's, as the min cosine.
+Parity: each row's outputs against ONNX Runtime FP32's, the min and mean cosine on the 7 shipped held-out photos and on
+the 13 calibration photos, and on how many of the 20 the row is closer to FP32 than the PT2E package.
 --alt-int8 ARGS also makes a second CPU INT8 graph with those `quantize --int8` options (in a copy of the folder: the
 default graph stays) and times OpenVINO on it as one more row, in the same rounds.
 """
@@ -61,22 +62,32 @@ def measure(folder: Path, rounds: int, runs: int, alt: Path | None = None) -> di
     from vitexport.data.images import load_folder
 
     m = ModelFolder(folder).read_manifest()
-    photos = load_folder(ROOT / "calibration" / "photos" / "holdout", m.preprocess).x
+    sets = {part: load_folder(ROOT / "calibration" / "photos" / part, m.preprocess).x for part in ("holdout", "calib")}
+    photos = sets["holdout"]
     runners = rows(folder, alt)
-    outs, cos = {}, {}
-    for name, r in runners.items():
-        r.load()
-        outs[name] = r.infer_all(photos, chunk=8).reshape(len(photos), -1).astype(np.float64)
-    ref = outs["onnxruntime cpu fp32"]
-    for name, o in outs.items():
-        c = (o * ref).sum(1) / (np.linalg.norm(o, axis=1) * np.linalg.norm(ref, axis=1))
-        cos[name] = float(c.min())
+    per_image: dict[str, dict[str, np.ndarray]] = {}  # row -> photo set -> each photo's cosine to ONNX Runtime FP32
+    for part, x in sets.items():
+        outs = {}
+        for name, r in runners.items():
+            r.load()
+            outs[name] = r.infer_all(x, chunk=8).reshape(len(x), -1).astype(np.float64)
+        ref = outs["onnxruntime cpu fp32"]
+        for name, o in outs.items():
+            per_image.setdefault(name, {})[part] = (o * ref).sum(1) / (np.linalg.norm(o, axis=1) *
+                                                                        np.linalg.norm(ref, axis=1))
+    pt2e = per_image["pytorch cpu int8 (pt2e)"]
+    cos = {name: {"min_cos": round(float(c["holdout"].min()), 5), "mean_cos": round(float(c["holdout"].mean()), 5),
+                  "calib_min_cos": round(float(c["calib"].min()), 5),
+                  "calib_mean_cos": round(float(c["calib"].mean()), 5),
+                  # on how many of the 20 photos this row is closer to FP32 than the PT2E package
+                  "closer_than_pt2e": int(sum((c[p] > pt2e[p]).sum() for p in sets))}
+           for name, c in per_image.items()}
     result = {}
     for b in (1, 8):
         x = np.ascontiguousarray(np.resize(photos, (b, *photos.shape[1:])))
         # three warm-up calls: a new batch shape's first ones build the runtimes' kernels for it
         for name, ms, ratios in interleaved(runners, x, rounds, runs, warmup=3):
-            result.setdefault(name, {"min_cos": round(cos[name], 5)})[f"batch {b}"] = {
+            result.setdefault(name, dict(cos[name]))[f"batch {b}"] = {
                 "median_ms": round(ms, 2), "ratio": round(statistics.median(ratios), 2),
                 "range": [round(min(ratios), 2), round(max(ratios), 2)]}
     for r in runners.values():
