@@ -337,8 +337,9 @@ def test_8_bit_cpu_weights_where_the_cpu_sums_them_exactly_and_7_bit_ones_where_
     assert _cpu_int8_weight_max(folder) == 127  # refused before anything was written
     again = ensure_artifact(mf, "int8")  # as bench makes sure of it: the file this CPU computes right
     assert again.made and _cpu_int8_weight_max(folder) == 63 and check_onnx(mf, "int8").ok
-    for args in (["--fp16"], ["--fp8"], ["--int8", "--target", "tensorrt"]):  # their weights are 8 bits always
-        r = CliRunner().invoke(cli, ["quantize", str(folder), *args, "--weight-bits", "7"])
+    for args in (["quantize", "--fp16"], ["quantize", "--fp8"], ["quantize", "--int8", "--target", "tensorrt"],
+                 ["trt", "--int8"], ["aoti", "--precision", "int8"]):  # their weights are 8 bits always
+        r = CliRunner().invoke(cli, [args[0], str(folder), *args[1:], "--weight-bits", "7"])
         assert r.exit_code == 2 and "--weight-bits sets the CPU INT8 graph's weights" in r.output, r.output
     with pytest.raises(VitexportError, match="weight_bits sets the CPU INT8 graph's weights"):
         vitexport.quantize(folder, "int8", target="tensorrt", weight_bits=7)

@@ -28,6 +28,9 @@ def aoti_command(precision, target, spec, calib, log):
     from ..aoti.make import aoti_kind
     from ..ensure import ensure_artifact
 
+    if calib.int8.weight_bits is not None:
+        raise click.UsageError("--weight-bits sets the CPU INT8 graph's weights (`vitexport quantize --int8`); a "
+                               "package's INT8 is PT2E's, with 8-bit weights.")
     result = ensure_artifact(target, aoti_kind(precision), spec=spec, calib=calib, fresh=True, log=log).precision
     if line := parity_line(result.verdict):
         click.echo(line)

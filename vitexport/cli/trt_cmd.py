@@ -54,6 +54,9 @@ def trt_command(build, target, spec, calib, trt_log, log):
     from ..ensure import build_plan
     from ..tensorrt_engine.events import MESSAGES
 
+    if calib.int8.weight_bits is not None:
+        raise click.UsageError("--weight-bits sets the CPU INT8 graph's weights (`vitexport quantize --int8`); "
+                               "TensorRT's graphs have 8-bit ones.")
     with MESSAGES.echo(trt_log):
         result = build_plan(target, build, spec=spec, calib=calib, log=log,
                             on_source=lambda prec, path: click.echo(f"{prec.upper()} ONNX: {path}"))
