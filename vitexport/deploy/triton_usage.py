@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ..artifacts.folder import CPU_INT8_WEIGHT_MAX_EXACT, ModelFolder
 
 if TYPE_CHECKING:
+    from ..artifacts.manifest import Manifest
     from .triton import TritonModel
 
 
@@ -18,7 +19,8 @@ def serve_instructions(result: "TritonModel", folder: ModelFolder) -> str:
     inp, out = result.inputs[0], result.outputs[0]
     pixels = ('x = np.asarray(resize_and_crop(Image.open("IMAGE.jpg"), pp)).transpose(2, 0, 1)[None].copy()  # uint8'
               if inp.data_type == "TYPE_UINT8" else 'x = load_image("IMAGE.jpg", pp)[None]  # normalised float32')
-    dense = folder.read_manifest().dense_task is not None
+    manifest = folder.read_manifest()
+    dense = manifest.dense_task is not None
     asked, var, shown = (f'out = tc.InferRequestedOutput("{out.name}")  # the whole map', "out", ".shape") if dense \
         else (f'top5 = tc.InferRequestedOutput("{out.name}", class_count=5)  # \'score:index:label\' via labels.txt',
               "top5", "")
@@ -28,7 +30,7 @@ def serve_instructions(result: "TritonModel", folder: ModelFolder) -> str:
                         "where the CPU has BF16 (OpenVINO's default; the backend takes no f32 hint): `vitexport bench "
                         "--endpoint` judges what it serves"}.get(result.platform,
                                                                    "; leave out --gpus all to serve on the CPU")
-    return f"""{_weights_note(result, folder)}Start Triton on the repository (NGC container; YY.MM: a tritonserver release{note}):
+    return f"""{_weights_note(result, folder, manifest)}Start Triton on the repository (NGC container; YY.MM: a tritonserver release{note}):
   docker run --rm --gpus all -p 8000:8000 -p 8001:8001 -p 8002:8002 -v {repo}:/models \\
       nvcr.io/nvidia/tritonserver:YY.MM-py3 tritonserver --model-repository=/models
 Ask it about one image (pip install tritonclient[http]; the preprocessing is the model's own):
@@ -44,12 +46,12 @@ Ask it about one image (pip install tritonclient[http]; the preprocessing is the
   pixels.set_data_from_numpy(x)
   {asked}
   print(client.infer("{result.folder.name}", [pixels], outputs=[{var}]).as_numpy("{out.name}"){shown})
-{_decoder_request(result, folder)}  EOF"""
+{_decoder_request(result, manifest)}  EOF"""
 
 
-def _weights_note(result: "TritonModel", folder: ModelFolder) -> str:
+def _weights_note(result: "TritonModel", folder: ModelFolder, manifest: "Manifest") -> str:
     """The CPU INT8 graph with 8-bit weights (made on a CPU with VNNI or AMX): which server CPUs compute it right."""
-    record = folder.read_manifest().precisions.get("int8")
+    record = manifest.precisions.get("int8")
     if result.source.name != folder.onnx("int8").name or record is None or \
             (record.qdq or {}).get("weight_max") != CPU_INT8_WEIGHT_MAX_EXACT:
         return ""
@@ -58,11 +60,11 @@ def _weights_note(result: "TritonModel", folder: ModelFolder) -> str:
             "write the entry again with --force.\n")
 
 
-def _decoder_request(result: "TritonModel", folder: ModelFolder) -> str:
+def _decoder_request(result: "TritonModel", manifest: "Manifest") -> str:
     """Segment Anything: the lines that send the image's embedding and one point to the decoder's entry."""
     if result.decoder is None:
         return ""
-    dense = folder.read_manifest().dense or {}
+    dense = manifest.dense or {}
     dec, side, mask = result.decoder.folder.name, int(dense["image_size"]), 4 * int(dense["embedding_size"])
     return f"""  # the image's embedding once, then any number of prompts (here a foreground point at x=100, y=200)
   from vitexport.model.heads.sam_decoder import prompts_to_inputs
