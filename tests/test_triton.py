@@ -81,14 +81,14 @@ def test_onnx_repository(digits, tmp_path):
 def test_openvino_repository_serves_the_int8_graph_on_the_cpu(digits_export, tmp_path, monkeypatch):
     """--format openvino: the folder's INT8 graph as model.onnx on Triton's OpenVINO backend (backend, not platform;
     the file named, as that backend reads model.xml by default), CPU instances, parsed against Triton's ModelConfig;
-    OpenVINO runs the copied file at the shapes the config declares, with ONNX Runtime's answers. Made with 8-bit
-    weights (on a CPU that sums them exactly), the usage says which server CPUs compute them right."""
+    OpenVINO runs the copied file at the shapes the config declares, with ONNX Runtime's answers. A graph with 8-bit
+    weights (made on a CPU that sums them exactly), and only such a graph, gets a usage that says which server CPUs
+    compute them right."""
     import openvino as ov
     import onnxruntime as ort
 
     from vitexport import environment
 
-    monkeypatch.setattr(environment, "cpu_sums_int8_exactly", lambda: True)
     digits = ModelFolder(copy_export(digits_export, tmp_path / "digits"))
     for f in digits.path.glob("model.int8*"):  # made here (calibrated, checked), whatever another test left
         f.unlink()
@@ -105,14 +105,23 @@ def test_openvino_repository_serves_the_int8_graph_on_the_cpu(digits_export, tmp
         None, {cfg.input[0].name: x})[0]
     assert got.shape == (8, *cfg.output[0].dims) and (got.argmax(1) == want.argmax(1)).all()
     assert "OpenVINO's backend serves on the CPU" in r.stdout and f'client.infer("{model.name}"' in r.stdout
-    top = max(int(np.abs(numpy_helper.to_array(i)).max()) for i in onnx.load(str(model.model("onnx"))).graph.initializer
-              if i.data_type == onnx.TensorProto.INT8 and len(i.dims) > 1)
-    assert top == 127 and "Its INT8 weights have 8 bits" in r.stdout
-    seven = CliRunner().invoke(cli, ["quantize", str(digits.path), "--int8", "--weight-bits", "7", "--no-check", "-q"])
-    assert seven.exit_code == 0, seven.output
-    r, model, cfg = write_entry(digits.path, repo, "vit_digits_patch4_32-int8-openvino", "--format", "openvino",
-                                "--precision", "int8", "--force")
-    assert model.model("onnx").read_bytes() == digits.onnx("int8").read_bytes() and "INT8 weights" not in r.stdout
+
+    def weight_top(path) -> int:
+        return max(int(np.abs(numpy_helper.to_array(i)).max()) for i in onnx.load(str(path)).graph.initializer
+                   if i.data_type == onnx.TensorProto.INT8 and len(i.dims) > 1)
+
+    assert ("Its INT8 weights have 8 bits" in r.stdout) == (weight_top(model.model("onnx")) == 127)  # this CPU's
+    # each width made explicitly (8 as on a CPU that sums them exactly; unchecked: this one may not), then served
+    monkeypatch.setattr(environment, "cpu_sums_int8_exactly", lambda: True)
+    for bits, noted in (("8", True), ("7", False)):
+        made = CliRunner().invoke(cli, ["quantize", str(digits.path), "--int8", "--weight-bits", bits, "--no-check",
+                                        "-q"])
+        assert made.exit_code == 0, made.output
+        r, model, cfg = write_entry(digits.path, repo, "vit_digits_patch4_32-int8-openvino", "--format", "openvino",
+                                    "--precision", "int8", "--force")
+        assert model.model("onnx").read_bytes() == digits.onnx("int8").read_bytes()
+        assert weight_top(model.model("onnx")) == 2 ** (int(bits) - 1) - 1
+        assert ("Its INT8 weights have 8 bits" in r.stdout) == noted, r.stdout
 
 
 def _fake_plan(folder: ModelFolder, precision: str, min_batch: int, max_batch: int) -> bytes:
