@@ -9,6 +9,7 @@ from .base import TransformerBase
 from .beit import Beit
 from .config import ViTConfig
 from .dense import DenseBase, DenseModel, EomtModel
+from .detection import DetrModel
 from .eva import Eva
 from .sam import SamViT
 from .vit import VisionTransformer
@@ -22,9 +23,10 @@ def model_class(cfg: ViTConfig) -> type[TransformerBase]:
 
 def build_model(cfg: ViTConfig, seed: int = 0) -> TransformerBase | DenseBase:
     """A model in eval mode with deterministic weights (overwrite them with a checkpoint to use it); a config with a
-    dense head: its family's model as the backbone, the head over it (`dense.DenseModel`)."""
+    dense or detection head: its family's model as the backbone, the head over it (`dense.DenseModel`,
+    `detection.DetrModel`)."""
     if cfg.dense is not None:
-        dense = EomtModel if cfg.dense.head == "eomt" else DenseModel
+        dense = {"eomt": EomtModel, "rf_detr": DetrModel}.get(cfg.dense.head, DenseModel)
         return dense(cfg, model_class(cfg)(cfg)).init_weights(seed).eval()
     return model_class(cfg)(cfg).init_weights(seed).eval()
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import VitexportError
 from .heads.config import DenseConfig, PromptDecoderConfig, known_fields
+from .heads.detection_config import DetectionConfig
 
 DEFAULT_NORM_EPS = 1e-6  # timm's LayerNorm and RmsNorm
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "token_avg", "")
@@ -134,11 +135,12 @@ class ViTConfig:
     sam_decoder: PromptDecoderConfig | None = None  # SamModel's prompt decoder (heads.sam_decoder); None: none
 
     # -- a dense predictor (model.dense): the head over this backbone's intermediate tokens; None: the ViT itself
-    dense: DenseConfig | None = None
+    dense: DenseConfig | DetectionConfig | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.dense, dict):  # from a manifest
-            self.dense = DenseConfig.from_dict(self.dense)
+            head = DetectionConfig if self.dense.get("task") == "detection" else DenseConfig
+            self.dense = head.from_dict(self.dense)
         if isinstance(self.sam_decoder, dict):
             self.sam_decoder = PromptDecoderConfig.from_dict(self.sam_decoder)
         self._check_types()
@@ -170,29 +172,7 @@ class ViTConfig:
             raise VitexportError(f"block_fn={self.block_fn!r} has no scale_attn_norm / scale_mlp_norm.")
         self._check_family()
         if self.dense is not None:
-            self._check_dense(self.dense)
-
-    def _check_dense(self, d: DenseConfig) -> None:
-        """What a dense head needs of its backbone: a class token (DPT's readout, EoMT's prefix), no classifier, the
-        layers it taps or joins, and the sizes it runs at."""
-        if not self.class_token:
-            raise VitexportError("A dense head reads each tap's class token: its backbone needs class_token=True.")
-        if self.num_classes:
-            raise VitexportError("A dense model has no classification head (num_classes 0).")
-        size = "a dynamic size" if self.dynamic_img_size else f"{self.img_size[0]}x{self.img_size[1]}"
-        if d.head == "eomt":
-            if d.query_blocks > self.depth:
-                raise VitexportError(f"EoMT's queries join {d.query_blocks} blocks of a {self.depth}-block backbone.")
-            if self.dynamic_img_size or self.grid_size != d.grid:
-                raise VitexportError(f"transformers' EoMT runs at its image_size alone ("
-                                     f"{d.grid[0] * self.patch_size[0]}x{d.grid[1] * self.patch_size[1]}, its "
-                                     f"{d.grid[0]}x{d.grid[1]} patch grid), not at {size}; export it at that size.")
-            return
-        if max(d.taps) > self.depth:
-            raise VitexportError(f"The dense head taps layer {max(d.taps)} of a {self.depth}-block backbone.")
-        if d.square_grid and (self.dynamic_img_size or self.grid_size[0] != self.grid_size[1]):
-            raise VitexportError(f"DPT's own ViT lays its tokens out as a square grid, so it takes square inputs of "
-                                 f"one size, not {size}: export it at a fixed square --img-size.")
+            self.dense.check_backbone(self)
 
     def _indexes(self, v: Any) -> tuple[int, ...]:
         """SAM's global blocks, sorted; an index past the last block names none (timm's tiny variants keep them)."""

@@ -36,6 +36,10 @@ class DenseBase(nn.Module):
     def loaded(self) -> None:
         """Called once a checkpoint's tensors are in (checkpoints.load_into)."""
 
+    def fit_head(self, head: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A checkpoint's head tensors as this head takes them (checkpoints.load_into): as they are."""
+        return head
+
     @property
     def thresholded(self) -> bool:
         """Whether the graph thresholds a computed value (EoMT's masks): float rounding in another runtime may cross

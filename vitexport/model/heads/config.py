@@ -125,6 +125,29 @@ class DenseConfig:
         if self.grid is None or len(self.grid) != 2 or not all(isinstance(g, int) and g > 0 for g in self.grid):
             raise VitexportError(f"EoMT's patch grid {self.grid!r} is not a size.")
 
+    def check_backbone(self, cfg: Any) -> None:
+        """What a dense head needs of its backbone (a ViTConfig): a class token (DPT's readout, EoMT's prefix), no
+        classifier, the layers it taps or joins, and the sizes it runs at."""
+        if not cfg.class_token:
+            raise VitexportError("A dense head reads each tap's class token: its backbone needs class_token=True.")
+        if cfg.num_classes:
+            raise VitexportError("A dense model has no classification head (num_classes 0).")
+        size = "a dynamic size" if cfg.dynamic_img_size else f"{cfg.img_size[0]}x{cfg.img_size[1]}"
+        if self.head == "eomt":
+            assert self.grid is not None
+            if self.query_blocks > cfg.depth:
+                raise VitexportError(f"EoMT's queries join {self.query_blocks} blocks of a {cfg.depth}-block backbone.")
+            if cfg.dynamic_img_size or cfg.grid_size != self.grid:
+                raise VitexportError(f"transformers' EoMT runs at its image_size alone ("
+                                     f"{self.grid[0] * cfg.patch_size[0]}x{self.grid[1] * cfg.patch_size[1]}, its "
+                                     f"{self.grid[0]}x{self.grid[1]} patch grid), not at {size}; export it at that size.")
+            return
+        if max(self.taps) > cfg.depth:
+            raise VitexportError(f"The dense head taps layer {max(self.taps)} of a {cfg.depth}-block backbone.")
+        if self.square_grid and (cfg.dynamic_img_size or cfg.grid_size[0] != cfg.grid_size[1]):
+            raise VitexportError(f"DPT's own ViT lays its tokens out as a square grid, so it takes square inputs of "
+                                 f"one size, not {size}: export it at a fixed square --img-size.")
+
     @property
     def output(self) -> str:
         """The output every check judges: the library's own (`predicted_depth`, or `logits` for segmentation); EoMT's

@@ -11,6 +11,8 @@ ViTConfig fields its tensors decide (`fields`: a pooler, a projection, registers
   MetaCLIP 2, SigLIP and SigLIP2 NaFlex vision towers;
 - `hf_dense`: transformers' Depth Anything and DPT (depth over DPT's own ViT or DINOv2, segmentation over its ViT):
   the backbone through `hf_vit` or `hf_dinov2`, the neck and head as named;
+- `hf_detr`: transformers' RF-DETR (the windowed DINOv2 through `hf_dinov2` under `backbone.`, the projector,
+  decoder and heads under `head.`, the first query group's);
 - `hf_eomt`: transformers' EoMT (the ViT in timm's names under `backbone.`, its queries and predictors under `head.`);
 - `hf_sam`: transformers' SAM (`SamModel`, `SamVisionModel`): the image encoder in timm's names, the prompt encoder
   and mask decoder under `decoder.` in transformers' own;
@@ -29,14 +31,14 @@ from typing import Any
 
 from ....errors import VitexportError
 from ...labels import checkpoint_labels
-from . import hf_aimv2, hf_beit, hf_dense, hf_dinov2, hf_dinov3, hf_eomt, hf_sam, hf_vit, jax, timm, timm_naflex
+from . import hf_aimv2, hf_beit, hf_dense, hf_detr, hf_dinov2, hf_dinov3, hf_eomt, hf_sam, hf_vit, jax, timm, timm_naflex
 from .adapt import adapt_state_dict, describe_checkpoint, load_into
 from .common import Checkpoint, StateDict
 from .hf_clip import CLIP, SIGLIP
 from .reading import SHARD_INDEXES, WEIGHT_FILES, read_raw, resolve_weights, weights_digest
 
 # tried in this order: the first whose `matches` holds converts the file (timm last: the others' names are unlike it)
-FORMATS: tuple[Any, ...] = (*hf_dense.FORMATS, hf_eomt, hf_sam, jax, CLIP, SIGLIP, hf_aimv2, hf_dinov3, hf_beit, hf_dinov2, hf_vit,
+FORMATS: tuple[Any, ...] = (*hf_dense.FORMATS, hf_detr, hf_eomt, hf_sam, jax, CLIP, SIGLIP, hf_aimv2, hf_dinov3, hf_beit, hf_dinov2, hf_vit,
                             timm_naflex, timm)
 
 
@@ -48,7 +50,7 @@ def detect_format(raw: dict) -> ModuleType | Any:
             return fmt
     raise VitexportError("The checkpoint's tensor names match no known ViT format (timm, JAX .npz, or transformers' "
                          "ViT, DeiT, ViT-MSN, ViT-MAE, I-JEPA, DINOv2, DINOv3, BEiT, data2vec-vision, AIMv2, CLIP, "
-                         "MetaCLIP 2, SigLIP, Depth Anything, DPT, EoMT or SAM).")
+                         "MetaCLIP 2, SigLIP, Depth Anything, DPT, EoMT, SAM or RF-DETR).")
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

@@ -144,7 +144,7 @@ def load_into(model: TransformerBase | DenseBase, ckpt: Checkpoint, pos_embed_in
     tensors fitted to the backbone, the head's taken as they are."""
     if isinstance(model, DenseBase):
         backbone = {k.removeprefix(BACKBONE): v for k, v in ckpt.state_dict.items() if k.startswith(BACKBONE)}
-        head = {k: v for k, v in ckpt.state_dict.items() if not k.startswith(BACKBONE)}
+        head = model.fit_head({k: v for k, v in ckpt.state_dict.items() if not k.startswith(BACKBONE)})
         sd, notes = adapt_state_dict(backbone, model.backbone, pos_embed_interp, ckpt.hints.get("grid"))
         check_fit(head, {k: v for k, v in model.state_dict().items() if not k.startswith(BACKBONE)})
         sd = {**{BACKBONE + k: v for k, v in sd.items()}, **head}
