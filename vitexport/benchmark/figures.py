@@ -22,6 +22,11 @@ def dense_text(st) -> str:
     if st.dense == "masks":
         text = (f"mask IoU {_pct(st.mask_iou, st.mask_iou_ci)} (per image, the mean over its prompts; mean over "
                 f"{st.n:,} images, 95% interval), worst prompt {st.mask_iou_min:.2%}")
+    elif st.dense == "detection":
+        text = ("the reference finds nothing above its threshold: no mAP" if st.map is None else
+                f"mAP {_pct(st.map, st.map_ci)}, AP50 {_pct(st.map_50, st.map_50_ci)} (COCO's, the reference's "
+                f"detections as the truth; 95% bootstrap intervals over {st.n:,} images)") + \
+            f", matched box IoU {_pct(st.box_iou, st.box_iou_ci)}, score difference {st.score_diff:.4f}"
     elif st.dense == "depth":
         text = (f"AbsRel {st.absrel:.4f} [{st.absrel_ci[0]:.4f}, {st.absrel_ci[1]:.4f}], delta1 "
                 f"{_pct(st.delta1, st.delta1_ci)} (per image, mean over {st.n:,} images, 95% intervals)")
@@ -31,7 +36,8 @@ def dense_text(st) -> str:
     return text + ("" if not st.truth else "; " + truth_text(st.truth))
 
 
-TRUTH_NAMES = {"absrel": "AbsRel", "delta1": "delta1", "miou": "mIoU", "pixel_acc": "pixel accuracy",
+TRUTH_NAMES = {"map": "mAP", "map_50": "AP50", "map_small": "AP small", "map_medium": "AP medium",
+               "map_large": "AP large", "absrel": "AbsRel", "delta1": "delta1", "miou": "mIoU", "pixel_acc": "pixel accuracy",
                "point_iou": "IoU of an object's point prompt", "box_iou": "IoU of its box prompt"}
 
 

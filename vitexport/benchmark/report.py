@@ -73,6 +73,15 @@ class BenchRow:
     mask_iou_low: float | None = None
     mask_iou_high: float | None = None
     mask_iou_min: float | None = None
+    map: float | None = None  # a detector: COCO mAP@[.5:.95] against the reference's detections (parity.detections)
+    map_low: float | None = None
+    map_high: float | None = None
+    map_50: float | None = None
+    map_50_low: float | None = None
+    map_50_high: float | None = None
+    box_iou: float | None = None
+    box_iou_low: float | None = None
+    box_iou_high: float | None = None
     concurrency: int | None = None  # a served model: requests in flight while timed
     stable: bool | None = None  # its measurement windows agreed within 10 %
     server_queue_ms: float | None = None  # per request, from the server's statistics
@@ -148,7 +157,7 @@ def _intervals(st) -> dict:
         return (v[0], v[1]) if v else (None, None)
 
     if st.dense is not None:  # a dense map: its task figures against the reference
-        return {**{k: v for name in ("absrel", "delta1", "pixel_agree", "miou", "mask_iou")
+        return {**{k: v for name in ("absrel", "delta1", "pixel_agree", "miou", "mask_iou", "map", "map_50", "box_iou")
                    if getattr(st, name) is not None
                    for k, v in ((name, getattr(st, name)), (f"{name}_low", pair(getattr(st, f"{name}_ci"))[0]),
                                 (f"{name}_high", pair(getattr(st, f"{name}_ci"))[1]))},

@@ -69,9 +69,9 @@ def new_manifest(spec: ModelSpec, built: BuiltModel, onnx_name: str, opset: int,
         preprocess=built.preprocess,
         checkpoint=None if ckpt is None else ckpt.record(), labels=built.labels,
         seed=spec.seed if ckpt is None else None, pos_embed_interp=spec.pos_embed_interp, opset=opset,
-        onnx=onnx_name, input_name=INPUT_NAME, output_name=primary(outputs),
+        onnx=onnx_name, input_name=INPUT_NAME, output_name=primary(outputs, cfg),
         input_shape=["batch", cfg.in_chans, *(("height", "width") if cfg.dynamic_img_size else cfg.img_size)],
-        output_shape=shape[primary(outputs)], versions=versions(with_python=True), img_size_range=img_size_range,
+        output_shape=shape[primary(outputs, cfg)], versions=versions(with_python=True), img_size_range=img_size_range,
         outputs=None if outputs == (OUTPUT_NAME,) else shape,
     )
 

@@ -3,7 +3,8 @@ its taps as maps, a DETR head of `heads/detr.py` over them (RF-DETR):
 
     image (B, 3, H, W) -> backbone: embed -> n x n windows, each with its class token -> blocks (windowed or global)
     -> taps (final norm, class copies dropped, windows put back) (B, D, h, w) -> DetrHead
-    -> logits (B, Q, labels), pred_boxes (B, Q, 4) normalised cx, cy, w, h
+    -> logits (B, Q, labels), pred_boxes (B, Q, 4) normalised cx, cy, w, h, and the two side by side
+       (query_outputs (B, Q, labels + 4): the one output every backend is judged by)
 
 The backbone keeps its family's parameter names (`backbone.blocks.0.attn.qkv.weight`), the head transformers'
 (`head.decoder.layers.0.cross_attn.sampling_offsets.weight`). A windowed block attends within each window; a
@@ -56,8 +57,10 @@ class DetrModel(DenseBase):
                             t[:, 1:].transpose(1, 2).reshape(t.shape[0], -1, *grid))
         return maps
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.head(self.taps(x))
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (query_outputs (B, Q, labels + 4), logits (B, Q, labels), pred_boxes (B, Q, 4))."""
+        logits, boxes = self.head(self.taps(x))
+        return torch.cat([logits, boxes], dim=-1), logits, boxes
 
 
 __all__ = ["DetrModel"]

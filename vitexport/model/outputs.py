@@ -24,11 +24,13 @@ from torch import nn
 from ..errors import VitexportError
 from .config import ViTConfig
 from .heads.config import EOMT_OUTPUTS
+from .heads.detection_config import DETECTION_OUTPUTS
 
 OUTPUTS = ("logits", "pooled", "tokens", "registers", "patch")
 SAM_OUTPUTS = ("image_embeddings", "pooled", "logits")  # SAM's encoder: the neck's map, its mean, the head's
 TOKEN_OUTPUTS = ("tokens", "registers", "patch")  # a token sequence: what SAM's grid and neck do not give
-DENSE_OUTPUTS = ("predicted_depth", *EOMT_OUTPUTS)  # a dense head's (heads.config.DenseConfig.outputs)
+# a dense head's (heads.config.DenseConfig.outputs) and a detector's (heads.detection_config)
+DENSE_OUTPUTS = ("predicted_depth", *EOMT_OUTPUTS, *DETECTION_OUTPUTS)
 EMBEDDINGS = ("pooled",)  # outputs judged as embeddings (parity.knn)
 
 
@@ -95,8 +97,11 @@ def shapes(cfg: ViTConfig, outputs: tuple[str, ...]) -> dict[str, list]:
     return {o: table[o] for o in outputs}
 
 
-def primary(outputs: tuple[str, ...] | list[str]) -> str:
-    """The output every check and backend judges by default: logits when there, else pooled, else the first."""
+def primary(outputs: tuple[str, ...] | list[str], cfg: ViTConfig | None = None) -> str:
+    """The output every check and backend judges by default: a dense or detection head's own (when exported), else
+    logits when there, else pooled, else the first."""
+    if cfg is not None and cfg.dense is not None and cfg.dense.output in outputs:
+        return cfg.dense.output
     return next((o for o in ("logits", "pooled") if o in outputs), outputs[0])
 
 

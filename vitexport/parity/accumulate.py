@@ -11,6 +11,7 @@ import numpy as np
 
 from .compare import ParityStats
 from .dense_accumulate import DenseAccumulator
+from .detections import DetectionAccumulator, DetectionSettings
 from .examples import MAX_DENSE, MAX_FLIPS, Worst, offer_flips
 from .stats import clopper_pearson, paired_drop
 
@@ -47,6 +48,8 @@ class Truth:
     image_part: "Callable[[np.ndarray, tuple[int, int]], np.ndarray] | None" = None
     # SAM ('masks'): the decoder graph run with the fixed prompts on an image embedding (validate.sam_masks.PromptedMasks)
     masks: "Callable | None" = None
+    # a detector ('detection': parity.detections): how its outputs become detections
+    detection: "DetectionSettings | None" = None
 
 
 def _restricted_top1(logits: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -78,9 +81,14 @@ class ParityAccumulator:
         self.dense = truth.dense
         # the images that explain a miss (parity.examples): flipped top-1s, or a dense model's worst maps
         self.worst = Worst(0 if not examples else MAX_FLIPS if truth.dense is None else MAX_DENSE)
-        self.dense_figures = None if truth.dense is None else \
-            DenseAccumulator(truth.dense, self.n, truth.read_truth, truth.relative_depth, truth.image_part,
-                             truth.masks, self.worst)
+        self.dense_figures: DenseAccumulator | DetectionAccumulator | None = None
+        if truth.dense == "detection":
+            if truth.detection is None:
+                raise ValueError("a detector's figures need its DetectionSettings")
+            self.dense_figures = DetectionAccumulator(self.n, truth.detection, truth.read_truth)
+        elif truth.dense is not None:
+            self.dense_figures = DenseAccumulator(truth.dense, self.n, truth.read_truth, truth.relative_depth,
+                                                  truth.image_part, truth.masks, self.worst)
 
     def update(self, start: int, ref: np.ndarray, out: np.ndarray) -> None:
         if self.dense is not None:

@@ -78,6 +78,17 @@ class ParityStats:
     mask_iou: float | None = None
     mask_iou_ci: list[float] | None = None
     mask_iou_min: float | None = None
+    # a detector (parity.detections): its detections scored with COCO's mAP@[.5:.95] and AP50 against the
+    # reference's above its threshold (95 % bootstrap intervals over the images), each reference box's best IoU with
+    # a candidate box of its class and their score difference (means over the images, t-intervals)
+    map: float | None = None
+    map_ci: list[float] | None = None
+    map_50: float | None = None
+    map_50_ci: list[float] | None = None
+    box_iou: float | None = None
+    box_iou_ci: list[float] | None = None
+    score_diff: float | None = None
+    score_diff_ci: list[float] | None = None
     # against the data set's ground truth (data.dense_truth), over the images that have it: {"n": images, figure:
     # {"reference", "value", "ci", "diff", "diff_ci"}} (depth: absrel, delta1; segmentation: miou, pixel_acc)
     truth: dict | None = None
@@ -114,6 +125,9 @@ class Thresholds:
     miou: float | None = None  # segmentation: min mean mIoU
     mask_iou: float | None = None  # SAM: min mean mask IoU against the reference's masks
     mask_iou_min: float | None = None  # SAM: min IoU of the worst prompt of any image
+    map: float | None = None  # a detector: min mAP@[.5:.95] against the reference's detections
+    map_50: float | None = None  # a detector: min AP50 against them
+    box_iou: float | None = None  # a detector: min mean IoU of the reference's boxes with the candidate's
 
     def check(self, s: ParityStats) -> list[str]:
         """The failed bounds, as readable phrases (empty: none failed)."""
@@ -164,7 +178,8 @@ class Thresholds:
         failed when the whole of it is beyond, else undecided on this many images."""
         for name, upper, what in (("absrel", True, "AbsRel"), ("delta1", False, "delta1"),
                                   ("pixel_agree", False, "pixel agreement"), ("miou", False, "mIoU"),
-                                  ("mask_iou", False, "mask IoU")):
+                                  ("mask_iou", False, "mask IoU"), ("map", False, "mAP"), ("map_50", False, "AP50"),
+                                  ("box_iou", False, "matched box IoU")):
             bound, value = getattr(self, name), getattr(s, name)
             if bound is None or value is None:
                 continue
@@ -177,6 +192,9 @@ class Thresholds:
             elif (hi > bound) if upper else (lo < bound):
                 undecided.append(f"inconclusive: {what} {value:.4g}, 95% interval {lo:.4g} to {hi:.4g}, is not "
                                  f"{'below' if upper else 'above'} {bound:g} on {s.n:,} images")
+        if s.dense == "detection" and s.map is None and self.map is not None:
+            undecided.append(f"inconclusive: the reference detects nothing above its threshold on these {s.n:,} "
+                             f"images, so no mAP against it")
         if self.mask_iou_min is not None and s.mask_iou_min is not None and not s.mask_iou_min >= self.mask_iou_min:
             fails.append(f"worst mask IoU {s.mask_iou_min:.4g} < {self.mask_iou_min:g}")
 
@@ -191,15 +209,16 @@ class Thresholds:
 # Defaults per precision. Why these numbers: docs/PARITY.md.
 DEFAULT_THRESHOLDS: dict[str, Thresholds] = {
     "fp32": Thresholds(max_abs=1e-3, cos_min=0.99999, absrel=1e-4, delta1=0.9999, pixel_agree=0.9995, miou=0.995,
-                       mask_iou=0.995, mask_iou_min=0.9),
+                       mask_iou=0.995, mask_iou_min=0.9, map=0.99, map_50=0.995, box_iou=0.995),
     "bf16": Thresholds(cos_min=0.99, cos_mean=0.995, acc_drop=1.0, absrel=0.02, delta1=0.99, pixel_agree=0.98,
-                       miou=0.9, mask_iou=0.95, mask_iou_min=0.6),
+                       miou=0.9, mask_iou=0.95, mask_iou_min=0.6, map=0.8, map_50=0.9, box_iou=0.9),
     "fp16": Thresholds(cos_min=0.999, cos_mean=0.9995, acc_drop=0.5, absrel=0.005, delta1=0.999, pixel_agree=0.995,
-                       miou=0.97, mask_iou=0.98, mask_iou_min=0.7),
+                       miou=0.97, mask_iou=0.98, mask_iou_min=0.7, map=0.9, map_50=0.95, box_iou=0.95),
     "int8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5, absrel=0.05, delta1=0.95, pixel_agree=0.95,
-                       miou=0.85, mask_iou=0.93, mask_iou_min=0.5),
+                       miou=0.85, mask_iou=0.93, mask_iou_min=0.5, map=0.7, map_50=0.8, box_iou=0.85),
     "fp8": Thresholds(cos_min=0.95, cos_mean=0.99, acc_drop=1.5, absrel=0.05, delta1=0.95, pixel_agree=0.95,
-                      miou=0.85, mask_iou=0.93, mask_iou_min=0.5),  # 8 bits too: INT8's bounds
+                      miou=0.85, mask_iou=0.93, mask_iou_min=0.5, map=0.7, map_50=0.8,
+                      box_iou=0.85),  # 8 bits too: INT8's bounds
 }
 
 
@@ -277,7 +296,8 @@ def describe(s: ParityStats) -> str:
         return text.split(", top-1 agree")[0] + "".join(
             f", {what} {getattr(s, k):.4g} (95% {getattr(s, k + '_ci')[0]:.4g} to {getattr(s, k + '_ci')[1]:.4g})"
             for k, what in (("absrel", "AbsRel"), ("delta1", "delta1"), ("pixel_agree", "pixel agreement"),
-                            ("miou", "mIoU"), ("mask_iou", "mask IoU")) if getattr(s, k) is not None and
+                            ("miou", "mIoU"), ("mask_iou", "mask IoU"), ("map", "mAP"), ("map_50", "AP50"),
+                            ("box_iou", "matched box IoU")) if getattr(s, k) is not None and
             getattr(s, k + "_ci")) + (f", worst mask IoU {s.mask_iou_min:.4g}" if s.mask_iou_min is not None else "")
     if s.embedding:
         text = text.split(", top-1 agree")[0] + f", nearest neighbour the same for {s.neighbour_agree:.1%}"

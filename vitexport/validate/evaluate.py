@@ -104,6 +104,7 @@ class ValidationSet:
     relative_depth: bool = True  # a relative depth model (aligned to the truth by scale and shift)
     depth_scale: float = 1000.0  # a 16-bit depth PNG's value per unit
     masks: object = None  # SAM ('masks'): the prompted decoder its embeddings are judged through (parity.masks)
+    detection: object = None  # a detector ('detection'): how its outputs become detections (parity.detections)
 
     @property
     def source(self) -> str:
@@ -117,7 +118,8 @@ class ValidationSet:
 
             reader = truth_reader(self.dense_truth, self.dense, self.depth_scale)
         return Truth(self.labels, self.subset, self.real, self.dense, reader, self.relative_depth,
-                     self.inputs.pp.image_part if reader is not None else None, self.masks)  # type: ignore[arg-type]
+                     self.inputs.pp.image_part if reader is not None else None, self.masks,  # type: ignore[arg-type]
+                     self.detection)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return self.inputs.n
@@ -173,7 +175,15 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
         vset.masks = PromptedMasks(dense["decoder_onnx"], dense["image_size"], 4 * dense["embedding_size"], pp)
         log.info(f"SAM's embeddings are judged by their masks: {len(PROMPTS)} fixed prompts an image through "
                  f"{Path(dense['decoder_onnx']).name}, IoU against the reference's.")
-    if task is not None and not images.npy:
+    if task == "detection":
+        from ..parity.detections import DetectionSettings
+
+        assert dense is not None
+        vset.detection = DetectionSettings(dense["num_labels"], dense["top_k"], dense["threshold"],
+                                           tuple(pp.input_size))
+        log.info(f"Detections are judged by COCO's mAP against the reference's above {dense['threshold']:g} (each "
+                 f"image's best {dense['top_k']} over queries x classes).")
+    if task is not None and task != "detection" and not images.npy:
         from ..data.dense_truth import truth_for
 
         # the images the cache holds, in order; SAM's truth is a map of objects in the segmentation's file

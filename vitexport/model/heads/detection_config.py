@@ -19,7 +19,10 @@ PROJECTOR_ACTS = ("silu", "relu", "gelu")  # transformers' ACT2CLS names the pro
 DECODER_ACTS = ("relu", "silu", "gelu")
 SAMPLINGS = ("grid_sample", "gather")  # layers.deformable: ONNX GridSample, or gathers (equal; docs/DETECTION.md)
 SCORES = ("sigmoid",)  # how a class logit becomes a score: one sigmoid a class, no background column
-DETECTION_OUTPUTS = ("logits", "pred_boxes")  # as transformers names them: (B, Q, labels), (B, Q, 4) cx, cy, w, h
+# the judged output first: each query's class logits and its box in one tensor (B, Q, labels + 4), what every
+# backend's detections are post-processed from (parity.detections); then transformers' two: logits (B, Q, labels),
+# pred_boxes (B, Q, 4) cx, cy, w, h of the input, normalised
+DETECTION_OUTPUTS = ("query_outputs", "logits", "pred_boxes")
 MAX_COUNT = 16384
 
 
@@ -132,7 +135,7 @@ class DetectionConfig:
 
     @property
     def output(self) -> str:
-        """The output every tensor check judges first: the class logits."""
+        """The output every check judges: the queries' logits and boxes together."""
         return DETECTION_OUTPUTS[0]
 
     @property
@@ -141,8 +144,8 @@ class DetectionConfig:
 
     def output_dims(self, grid: tuple[int, int], patch: tuple[int, int], dynamic: bool = False,
                     name: str | None = None) -> list[Any]:
-        """An output's axes after the batch: queries x labels, or queries x 4."""
-        return [self.num_queries, 4 if name == "pred_boxes" else self.num_labels]
+        """An output's axes after the batch: queries x (labels + 4), queries x labels, or queries x 4."""
+        return [self.num_queries, {"logits": self.num_labels, "pred_boxes": 4}.get(name or "", self.num_labels + 4)]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
