@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..model.heads.detection_config import SAMPLINGS
 from ..model.spec import DEFAULT_OPSET, MIN_OPSET, ExportOptions
 from ..parity.compare import EXPORT_THRESHOLDS
 from .groups import MODEL, QUIET, FiniteFloat, OptionGroup, opt, use
@@ -24,9 +25,13 @@ EXPORT = OptionGroup(
             help="The graph's outputs, comma-separated, one named ONNX output each: logits (the head's), pooled "
                  "(the pre-logits embedding), tokens (final-norm tokens, prefix included), registers, patch (patch "
                  "tokens). Default: logits, or pooled for a model without a head (--num-classes 0)."),
+        opt("--sampling", type=click.Choice(SAMPLINGS), default=None,
+            help="A detector's deformable attention: grid_sample (ONNX GridSample) or gather (the same bilinear "
+                 "reads as gathers, which every runtime computes alike). Default: the manifest's reason in "
+                 "docs/DETECTION.md."),
     ],
-    lambda opset, atol, check_batches, force, outputs: ExportOptions(
-        opset=opset, check_batches=tuple(check_batches), atol=atol, force=force, outputs=outputs),
+    lambda opset, atol, check_batches, force, outputs, sampling: ExportOptions(
+        opset=opset, check_batches=tuple(check_batches), atol=atol, force=force, outputs=outputs, sampling=sampling),
 )
 
 

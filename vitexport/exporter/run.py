@@ -125,6 +125,8 @@ def run_export(spec: ModelSpec, output: Path | None = None, opts: ExportOptions 
     fit in memory. The folder is locked from the check of what it holds to the manifest (workspace.writing).
     """
     opts = opts or ExportOptions()
+    if opts.sampling is not None:
+        spec = replace(spec, sampling=opts.sampling)
     check_opset(opts.opset)
     check_export(spec, opts.check_batches)
     with log.step(f"Building {spec.variant}"):

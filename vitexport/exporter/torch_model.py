@@ -8,6 +8,7 @@ from pathlib import Path
 from ..artifacts.manifest import LabelsRecord, Manifest
 from ..data.preprocess import Preprocess
 from ..errors import VitexportError
+from ..model.heads.detection_config import DetectionConfig
 from ..model.readers.checkpoints import Checkpoint, load_checkpoint, load_into
 from ..model.labels import labels_record
 from ..model.posembed import INTERPOLATIONS, infer_grid
@@ -52,6 +53,10 @@ def build(spec: ModelSpec) -> BuiltModel:
     if spec.dynamic_img_size:  # the position embedding stays at the checkpoint's grid; resampled per input
         cfg = replace(cfg, dynamic_img_size=True, pos_embed_interp=spec.pos_embed_interp,
                       pos_embed_grid=stored_grid(ckpt, cfg))
+    if spec.sampling is not None:
+        if not isinstance(cfg.dense, DetectionConfig):
+            raise VitexportError("--sampling chooses a detector's deformable attention; this model has none.")
+        cfg = replace(cfg, dense=replace(cfg.dense, sampling=spec.sampling))
     model = build_model(cfg, seed=spec.seed)
     notes = list(spec.notes)
     if ckpt is not None:

@@ -43,6 +43,7 @@ class ModelSpec:
     bench_sizes: tuple[tuple[int, int], ...] = ()  # `bench --img-size A --img-size B`: the sizes to time
     # a model no table names (a transformers config of any size): its architecture, `variant` its name
     arch: Architecture | None = None
+    sampling: str | None = None  # a detector's deformable attention form (ExportOptions.sampling); None: its default
     notes: list[str] = field(default_factory=list)  # what the user should know about the spec (assumptions)
 
     def architecture(self) -> Architecture:
@@ -271,6 +272,7 @@ class ExportOptions:
     atol: float = EXPORT_THRESHOLDS.max_abs  # max abs logit difference allowed at that check (docs/PARITY.md)
     force: bool = False  # replace an existing export of another model or checkpoint
     outputs: str | None = None  # --outputs: comma-separated names (model.outputs); None: the model's default
+    sampling: str | None = None  # --sampling: a detector's deformable attention (heads.detection_config.SAMPLINGS)
     # a model object the export must match too (vitexport.export(obj)): reference(x, names) returns the object's
     # own value of each output named, for an input batch x (a torch tensor); `reference_outputs` are the outputs
     # it can give (the exported ones among them are checked)

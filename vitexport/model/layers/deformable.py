@@ -33,11 +33,11 @@ def bilinear_gather(value: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
     padded = F.pad(value, (1, 1, 1, 1))  # (N, C, H + 2, W + 2): a zero border reads as 'zeros' padding
     flat = padded.flatten(2)  # (N, C, (H + 2)(W + 2))
     C = value.shape[1]
-    # each corner's index in the padded map, clamped once (on integers): a corner outside the map reads the zero
-    # border, one further out is clamped onto it
-    x0i, y0i = x0.to(torch.int64), y0.to(torch.int64)
-    xs = [torch.clamp(x0i + d, -1, W) + 1 for d in (0, 1)]
-    ys = [torch.clamp(y0i + d, -1, H) + 1 for d in (0, 1)]
+    # each corner's index in the padded map: a corner outside the map reads the zero border, one further out is
+    # clamped onto it; in float (TensorRT's Clip takes no integers), each tensor clamped once (the exporter writes a
+    # second clamp of one tensor with dangling bounds)
+    xs = [(c.clamp(-1, W) + 1).to(torch.int64) for c in (x0, x0 + 1)]
+    ys = [(c.clamp(-1, H) + 1).to(torch.int64) for c in (y0, y0 + 1)]
     out = None
     for yi, wy in zip(ys, (1 - fy, fy)):
         for xi, wx in zip(xs, (1 - fx, fx)):
