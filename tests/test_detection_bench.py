@@ -61,3 +61,63 @@ def test_a_wrong_graph_fails_strict(detector, tmp_path, how):
     assert st["status"] == "fail" and any("mAP" in f for f in st["failures"]), st["failures"]
     assert st["map_ci"][1] < 0.9
     assert rows["pytorch cpu fp32"]["parity"]["status"] == "pass"  # the reference rebuilt from the checkpoint
+
+
+def _truth_sets(detector, model_dir, tmp_path):
+    """COCO JSON and YOLO labels of the photos made from transformers' own model and processor (its detections
+    above 0.5 at each photo's size): the reference's detections against them score mAP 1, up to the truth's
+    rounding."""
+    from PIL import Image
+
+    from vitexport.data.images import load_image
+    from vitexport.data.preprocess import Preprocess
+
+    model = transformers.RfDetrForObjectDetection.from_pretrained(model_dir).eval()
+    proc = transformers.RfDetrImageProcessor.from_pretrained(model_dir)
+    pp = Preprocess.from_dict(json.loads((detector / "manifest.json").read_text())["preprocess"])
+    yolo = tmp_path / "yolo"
+    yolo.mkdir()
+    images, anns = [], []
+    for i, photo in enumerate(sorted(PHOTOS.glob("*.jpg"))):
+        with Image.open(photo) as im:
+            w, h = im.size
+            im.convert("RGB").save(yolo / f"{photo.stem}.png")
+        with torch.no_grad():
+            out = model(pixel_values=torch.from_numpy(load_image(photo, pp)[None]))
+        det = proc.post_process_object_detection(out, threshold=0.5, target_sizes=[(h, w)])[0]
+        images.append({"id": i + 1, "file_name": photo.name, "width": w, "height": h})
+        lines = []
+        for (x0, y0, x1, y1), c in zip(det["boxes"].clamp(min=0).tolist(), det["labels"].tolist()):
+            x1, y1 = min(x1, w), min(y1, h)
+            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": c, "iscrowd": 0,
+                         "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)})
+            lines.append(f"{c} {(x0 + x1) / 2 / w:.7f} {(y0 + y1) / 2 / h:.7f} {(x1 - x0) / w:.7f} {(y1 - y0) / h:.7f}")
+        (yolo / f"{photo.stem}.txt").write_text("\n".join(lines) + "\n")
+    coco = tmp_path / "instances_val.json"
+    coco.write_text(json.dumps({"images": images, "annotations": anns,
+                                "categories": [{"id": c, "name": f"class {c}"} for c in range(TINY["num_labels"])]}))
+    assert len(anns) > 10
+    return coco, yolo
+
+
+def test_a_labelled_set_is_judged_against_its_truth_by_coco_map(detector, tmp_path):
+    """COCO's JSON (--annotations) and YOLO's labels beside the images: each CPU row's mAP, AP50 and AP per size
+    against the truth with intervals, and the paired difference to the reference's."""
+    coco, yolo = _truth_sets(detector, detector.parent / "saved", tmp_path)
+    for data, extra in ((PHOTOS, ("--annotations", str(coco))), (yolo, ())):
+        report = tmp_path / "truth.json"
+        r = CliRunner().invoke(cli, ["bench", str(detector), "--data", str(data), *extra, "--backend", "fp32",
+                                     "--batch", "2", "--iterations", "1", "--min-time", "0", "--warmup", "0",
+                                     "--no-prepare", "--json", str(report)])
+        assert r.exit_code == 0, r.output
+        assert "categories read as the model's labels by number" in " ".join(r.output.split())
+        rows = {row["name"]: row for row in json.loads(report.read_text())["results"] if row["available"]}
+        assert {"pytorch cpu fp32", "onnxruntime cpu fp32", "openvino cpu fp32"} <= set(rows)
+        for name, row in rows.items():
+            truth = row["parity"]["truth"]
+            assert truth["n"] == 13, name
+            assert truth["map"]["reference"] > 0.99, (name, truth)  # its own detections, rounded
+            assert abs(truth["map"]["diff"]) < 1e-3 and truth["map"]["diff_ci"][0] <= truth["map"]["diff"], name
+            assert truth["map"]["ci"][0] <= truth["map"]["value"] <= truth["map"]["ci"][1], name
+            assert "map_50" in truth, name
+        assert "against ground truth on 13 images: mAP" in " ".join(r.output.split())

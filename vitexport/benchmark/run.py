@@ -71,6 +71,7 @@ class BenchOptions:
     workers: int | None = None  # decoding threads (None: data.stream.default_workers)
     labels: tuple[Path, ...] = ()  # label files for --data (data.labelfile)
     depth_scale: float = 1000.0  # a depth model's ground-truth PNGs: value per unit (data.dense_truth)
+    annotations: Path | None = None  # a detector's COCO JSON for --data (data.detection_truth)
     judge_output: str | None = None  # the output judged (model.outputs; None: the manifest's output_name)
     knn_k: int = DEFAULT_K  # an embedding model's k-NN (parity.knn)
     knn_t: float = DEFAULT_T
@@ -237,7 +238,7 @@ def _open_inputs(manifest: Manifest, opts: BenchOptions, log: Log,
                  "than on unseen images.")
     return open_validation(data_dir, manifest.preprocess, manifest.num_classes, opts.max_images, opts.workers, log,
                            class_names(manifest), opts.labels, dense=manifest.dense, depth_scale=opts.depth_scale,
-                           batch=eval_batch(manifest.config))
+                           batch=eval_batch(manifest.config), annotations=opts.annotations)
 
 
 def _run_backend(runner: Runner, vset: ValidationSet, batches: tuple[int, ...], opts: BenchOptions,

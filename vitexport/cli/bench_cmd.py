@@ -47,14 +47,16 @@ def _thresholds(ctx: click.Context, param: click.Parameter, specs: tuple[str, ..
     return out
 
 
-def _bench_options(data, labels, max_images, workers, batches, iterations, min_time, warmup, threads, backends,
-                   thresholds, strict, judge_output, knn_k, knn_t, depth_scale):
+def _bench_options(data, labels, annotations, max_images, workers, batches, iterations, min_time, warmup, threads,
+                   backends, thresholds, strict, judge_output, knn_k, knn_t, depth_scale):
     """BenchOptions' fields; the command makes them one after its checks (bench.py loads torch)."""
     if labels and data is None:
         raise click.UsageError("--labels labels the images of --data; give --data too.")
+    if annotations and data is None:
+        raise click.UsageError("--annotations gives the boxes of the images of --data; give --data too.")
     return dict(data=data, labels=tuple(labels), judge_output=judge_output, knn_k=knn_k, knn_t=knn_t, max_images=max_images, workers=workers, batches=tuple(batches) or None,
                 iterations=iterations, min_time=min_time, warmup=warmup, threads=threads, backends=tuple(backends),
-                thresholds=thresholds, strict=strict, depth_scale=depth_scale)
+                thresholds=thresholds, strict=strict, depth_scale=depth_scale, annotations=annotations)
 
 
 BENCH = OptionGroup(
@@ -65,6 +67,11 @@ BENCH = OptionGroup(
                  "every image is used), or .npy inputs. Default: the shipped held-out set for the model."),
         opt("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path), multiple=True, metavar="FILE",
             help="Label file for a flat image folder (repeatable, one of each kind): CSV/TSV of file name (extension optional) and label (class index, WordNet synset or class name), ImageNet's LOC_val_solution.csv, or ImageNet-ReaL's real.json (ReaL accuracy as well)."),
+        opt("--annotations", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+            metavar="FILE",
+            help="A detector's --data: COCO's instances JSON of its images (mAP, AP50, AP per size against it). "
+                 "Without it, YOLO labels are read where there are any: IMAGE.txt beside an image, or labels/ "
+                 "beside images/ (class cx cy w h, normalised; classes.txt names the classes)."),
         opt("--depth-scale", type=click.FloatRange(min=0, min_open=True), default=1000.0, show_default=True,
             help="A depth model's --data: the ground-truth maps beside the images (IMAGE.depth.png, 16-bit, or "
                  "IMAGE.depth.npy; 0: no value) hold depth x this in their PNGs (1000: millimetres; KITTI: 256). "

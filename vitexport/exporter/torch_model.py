@@ -10,7 +10,7 @@ from ..data.preprocess import Preprocess
 from ..errors import VitexportError
 from ..model.heads.detection_config import DetectionConfig
 from ..model.readers.checkpoints import Checkpoint, load_checkpoint, load_into
-from ..model.labels import labels_record
+from ..model.labels import head_classes, labels_record
 from ..model.posembed import INTERPOLATIONS, infer_grid
 from ..model.spec import ModelSpec
 from ..model.build import build_model
@@ -65,7 +65,8 @@ def build(spec: ModelSpec) -> BuiltModel:
     else:
         notes.append(f"No checkpoint: deterministic random weights (seed {spec.seed}). Latency is real, "
                      "accuracy is meaningless.")
-    labels = labels_record(cfg.num_classes, spec.variant, None if ckpt is None else ckpt.hints.get("labels"))
+    labels = labels_record(head_classes(cfg.num_classes, cfg.dense), spec.variant,
+                           None if ckpt is None else ckpt.hints.get("labels"))
     return BuiltModel(model.eval(), spec.preprocess_for(cfg.img_size), ckpt, notes, labels)
 
 

@@ -61,6 +61,14 @@ def checkpoint_labels(config: dict[str, Any]) -> list[str] | None:
     return [str(descriptions.get(n, n)) if isinstance(descriptions, dict) else str(n) for n in names]
 
 
+def head_classes(num_classes: int, dense: Any) -> int:
+    """The classes a model names: its classifier's, or a detector's labels (its head's config, or its dict)."""
+    if num_classes > 0 or dense is None:
+        return num_classes
+    get = dense.get if isinstance(dense, dict) else (lambda k, d=None: getattr(dense, k, d))
+    return int(get("num_labels", 0) or 0) if get("task") == "detection" else 0
+
+
 def labels_record(num_classes: int, variant: str, names: list[str] | None = None) -> LabelsRecord | None:
     """Where this head's class names come from; None for a model that outputs features."""
     if num_classes <= 0:
@@ -77,8 +85,8 @@ def labels_record(num_classes: int, variant: str, names: list[str] | None = None
 def class_names(manifest: Manifest) -> list[str]:
     """One name per class of the model's head ([] for features); exports older than the labels field get the
     names an export would record now."""
-    record = manifest.labels or labels_record(manifest.num_classes, manifest.variant)
-    n = manifest.num_classes
+    n = head_classes(manifest.num_classes, manifest.dense)
+    record = manifest.labels or labels_record(n, manifest.variant)
     if record is None or n <= 0:
         return []
     if record.source == "checkpoint" and record.names and len(record.names) == n:

@@ -131,8 +131,8 @@ class DetectionAccumulator:
                 ev.add(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 4)), np.zeros(0), np.zeros(0))
                 continue
             det = postprocess(*split(x, self.s.num_labels), [gt.size], self.s.top_k)[0]  # type: ignore[attr-defined]
-            labels = gt.model_labels(det.labels)  # type: ignore[attr-defined]
-            ev.add(gt.boxes, gt.labels, det.boxes, det.scores, labels, gt.crowd, gt.area)  # type: ignore[attr-defined]
+            ev.add(gt.boxes, gt.labels, det.boxes, det.scores, det.labels, gt.crowd,  # type: ignore[attr-defined]
+                   gt.area)  # type: ignore[attr-defined]
         self.truth_n += gt is not None
 
     def fill(self, st, finite: bool) -> None:

@@ -105,6 +105,7 @@ class ValidationSet:
     depth_scale: float = 1000.0  # a 16-bit depth PNG's value per unit
     masks: object = None  # SAM ('masks'): the prompted decoder its embeddings are judged through (parity.masks)
     detection: object = None  # a detector ('detection'): how its outputs become detections (parity.detections)
+    truth_skipped: list = field(default_factory=list)  # truth files that could not be read, each named
 
     @property
     def source(self) -> str:
@@ -113,12 +114,15 @@ class ValidationSet:
     @property
     def truth(self) -> Truth:
         reader = None
-        if self.dense is not None and self.dense_truth is not None:
+        if self.dense == "detection" and self.dense_truth is not None:
+            reader = self.dense_truth.__getitem__
+        elif self.dense is not None and self.dense_truth is not None:
             from ..data.dense_truth import truth_reader
 
             reader = truth_reader(self.dense_truth, self.dense, self.depth_scale)
         return Truth(self.labels, self.subset, self.real, self.dense, reader, self.relative_depth,
-                     self.inputs.pp.image_part if reader is not None else None, self.masks,  # type: ignore[arg-type]
+                     self.inputs.pp.image_part if reader is not None and self.dense != "detection" else None,
+                     self.masks,  # type: ignore[arg-type]
                      self.detection)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
@@ -137,7 +141,7 @@ class ValidationSet:
 def open_validation(root, pp, num_classes: int, max_images: int | None = None, workers: int | None = None,
                     log: Log = QUIET, names: list[str] | None = None, label_files: tuple = (),
                     dense: dict | None = None, depth_scale: float = 1000.0,
-                    batch: int | None = None) -> ValidationSet:
+                    batch: int | None = None, annotations: Path | None = None) -> ValidationSet:
     """List `root`, take `max_images` spread over it, decode each image once (with a progress bar); labels from
     class folders or `label_files` (paths) mapped onto the model's classes `names` (validate.labels; else a
     warning saying why not); dense: a dense model's head (Manifest.dense), whose outputs are judged by its task,
@@ -183,6 +187,8 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
                                            tuple(pp.input_size))
         log.info(f"Detections are judged by COCO's mAP against the reference's above {dense['threshold']:g} (each "
                  f"image's best {dense['top_k']} over queries x classes).")
+        _detection_truth(vset, [images.files[i] for i in inputs.kept], Path(root), list(names or []),
+                         dense["num_labels"], annotations, log)
     if task is not None and task != "detection" and not images.npy:
         from ..data.dense_truth import truth_for
 
@@ -196,6 +202,30 @@ def open_validation(root, pp, num_classes: int, max_images: int | None = None, w
             log.info(f"Ground truth for {sum(p is not None for p in found):,} of {len(found):,} images "
                      f"({what} beside them).")
     return vset
+
+
+def _detection_truth(vset: ValidationSet, files: list[Path], root: Path, names: list[str], num_labels: int,
+                     annotations: Path | None, log: Log) -> None:
+    """A detection set's truth: COCO's JSON (annotations) or YOLO's labels beside the images (data.detection_truth),
+    the categories read as the model's labels by name or by number, as the log says."""
+    from ..data.detection_truth import read_coco, read_yolo
+
+    named = any(n != str(i) for i, n in enumerate(names))  # the checkpoint names its classes
+    names = names or [str(i) for i in range(num_labels)]
+    truth = read_coco(annotations, files, root, names, num_labels, named) if annotations is not None else \
+        read_yolo(files, root, names, num_labels, named)
+    if truth is None:
+        return
+    found = sum(t is not None for t in truth.items)
+    if not found:
+        raise VitexportError(f"{annotations or root} gives no truth for any of the {len(files):,} images of {root}.")
+    vset.dense_truth, vset.truth_skipped = truth.items, truth.skipped
+    source = f"COCO {annotations}" if annotations else "YOLO labels beside them"
+    boxes = sum(len(t.boxes) for t in truth.items if t is not None)
+    log.info(f"Ground truth for {found:,} of {len(files):,} images ({source}, {boxes:,} boxes), the categories read "
+             f"as the model's labels {truth.how}.")
+    for s in truth.skipped:
+        log.warn(f"Ground truth left out: {s}.")
 
 
 def _from(images: ImageSet) -> str:
