@@ -81,7 +81,7 @@ def test_each_option_matches_transformers(tmp_path, backbone, options):
     from vitexport.model.build import build_model
     from vitexport.model.config import ViTConfig
     from vitexport.model.readers.checkpoints import load_checkpoint, load_into
-    from vitexport.model.readers.hf_dense import describe_transformers
+    from vitexport.model.readers.hf_models import describe_transformers
 
     model = save_rf_detr(transformers, torch, tmp_path / "saved", backbone=backbone, **options)
     cfg = json.loads((tmp_path / "saved" / "config.json").read_text())
@@ -99,7 +99,7 @@ def test_a_minimal_config_reads_as_transformers_reads_it(tmp_path):
     """A config.json without the fields equal to their defaults (as an older transformers saves it, and as the
     published configurations are written): the default backbone RfDetrConfig makes, RfDetrDinov2Config's defaults
     under a given one."""
-    from vitexport.model.readers.hf_dense import describe_transformers
+    from vitexport.model.readers.hf_models import describe_transformers
 
     for cfg in ({"model_type": "rf_detr"},
                 {"model_type": "rf_detr", "backbone_config": {"model_type": "rf_detr_dinov2"}, "num_queries": 100}):

@@ -3,8 +3,11 @@ interval; a graph that is wrong in a way a tensor tolerance could miss (its boxe
 one off, another image's detections) fails --strict.
 """
 
+import contextlib
+import io
 import json
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -121,3 +124,48 @@ def test_a_labelled_set_is_judged_against_its_truth_by_coco_map(detector, tmp_pa
             assert truth["map"]["ci"][0] <= truth["map"]["value"] <= truth["map"]["ci"][1], name
             assert "map_50" in truth, name
         assert "against ground truth on 13 images: mAP" in " ".join(r.output.split())
+
+
+def test_predict_writes_coco_results_and_pictures(detector, tmp_path):
+    """predict --out-dir: each image's detections above --threshold at its own size, equal to transformers' model
+    through its processor; detections.json in COCO's results format (pycocotools loads it against the images'
+    listing), a picture with the boxes drawn per image; an existing file is never overwritten."""
+    from PIL import Image
+
+    from vitexport.data.images import load_image
+    from vitexport.data.preprocess import Preprocess
+
+    photos = sorted(PHOTOS.glob("*.jpg"))[:3]
+    out = tmp_path / "pred"
+    r = CliRunner().invoke(cli, ["predict", str(detector), *map(str, photos), "--out-dir", str(out),
+                                 "--threshold", "0.6", "-q"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(ln) for ln in r.output.splitlines() if ln.startswith("{")]
+    model = transformers.RfDetrForObjectDetection.from_pretrained(detector.parent / "saved").eval()
+    proc = transformers.RfDetrImageProcessor.from_pretrained(detector.parent / "saved")
+    pp = Preprocess.from_dict(json.loads((detector / "manifest.json").read_text())["preprocess"])
+    results = json.loads((out / "detections.json").read_text())
+    for i, (photo, line) in enumerate(zip(photos, lines)):
+        with Image.open(photo) as im:
+            size = (im.height, im.width)
+        with torch.no_grad():
+            o = model(pixel_values=torch.from_numpy(load_image(photo, pp)[None]))
+        theirs = proc.post_process_object_detection(o, threshold=0.6, target_sizes=[size])[0]
+        assert [d["label"] for d in line["detections"]] == theirs["labels"].tolist()
+        ours = [d["box"] for d in line["detections"]]
+        assert len(ours) and abs(np.array(ours) - theirs["boxes"].numpy()).max() < 1e-2
+        mine = [d for d in results if d["image_id"] == i + 1]
+        assert len(mine) == len(ours) and all(d["score"] > 0.6 for d in mine)
+        with Image.open(out / f"{photo.stem}.boxes.png") as pic:
+            assert pic.size == (size[1], size[0])
+            assert np.asarray(pic.convert("RGB")).astype(int).sum() != np.asarray(Image.open(photo).convert("RGB")).astype(int).sum()
+    from pycocotools.coco import COCO
+
+    gt = COCO()
+    gt.dataset = {"images": json.loads((out / "images.json").read_text()), "annotations": [],
+                  "categories": [{"id": c} for c in range(TINY["num_labels"])]}
+    gt.createIndex()
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert len(gt.loadRes(str(out / "detections.json")).getAnnIds()) == len(results)
+    again = CliRunner().invoke(cli, ["predict", str(detector), str(photos[0]), "--out-dir", str(out), "-q"])
+    assert again.exit_code == 2 and "already exists" in again.output

@@ -31,12 +31,13 @@ def export(model: str | Path | None = None, *, checkpoint: str | Path | None = N
            output: str | Path | None = None, dynamic_img_size: bool = False,
            img_size_range: tuple[tuple[int, int], tuple[int, int]] | None = None, outputs: str | None = None,
            pos_embed_interp: str | None = None, opset: int | None = None, atol: float | None = None,
-           check_batches: tuple[int, ...] = (1, 3), force: bool = False,
+           check_batches: tuple[int, ...] = (1, 3), force: bool = False, sampling: str | None = None,
            progress: Progress | None = None) -> ExportResult:
     """`vitexport onnx`: build the model, load its weights, export ONNX with a symbolic batch and check it against
     PyTorch in ONNX Runtime. `model`: a timm architecture or tagged name, an hf-hub: reference, or a checkpoint file
     or folder (its config names the model); None: the default model. `output`: the folder (default
-    models/<variant>-<H>x<W>/). Raises ParityError when ONNX Runtime and PyTorch disagree."""
+    models/<variant>-<H>x<W>/). `sampling`: a detector's deformable attention, 'grid_sample' or 'gather' (None: its
+    default; docs/DETECTION.md). Raises ParityError when ONNX Runtime and PyTorch disagree."""
     from ..ensure import ensure_artifact
     from ..model.spec import spec_for
     from ..preflight import check_export
@@ -47,12 +48,13 @@ def export(model: str | Path | None = None, *, checkpoint: str | Path | None = N
                                  "checkpoint, img_size and num_classes with a model name only.")
         return _export_object(model, output=output, dynamic_img_size=dynamic_img_size,
                               img_size_range=img_size_range, outputs=outputs, pos_embed_interp=pos_embed_interp,
-                              opset=opset, atol=atol, check_batches=check_batches, force=force, progress=progress)
+                              opset=opset, atol=atol, check_batches=check_batches, force=force, progress=progress,
+                              sampling=sampling)
     name, ckpt = _model_ref(model, checkpoint)
     size = (img_size, img_size) if isinstance(img_size, int) else img_size
     spec = spec_for(name, ckpt, size, num_classes=num_classes, pos_embed_interp=pos_embed_interp,
                     dynamic_img_size=dynamic_img_size, img_size_range=img_size_range)
-    opts = _export_options(check_batches, force, outputs, opset, atol)
+    opts = _export_options(check_batches, force, outputs, opset, atol, sampling=sampling)
     check_export(spec, opts.check_batches)
     artifact = ensure_artifact(None if output is None else Path(output), "fp32", spec=spec, export_opts=opts,
                                fresh=True, log=_log(progress))
@@ -84,7 +86,8 @@ def _export_result(artifact: "Artifact") -> ExportResult:
 def _export_object(obj: object, *, output: str | Path | None, dynamic_img_size: bool,
                    img_size_range: tuple[tuple[int, int], tuple[int, int]] | None, outputs: str | None,
                    pos_embed_interp: str | None, opset: int | None, atol: float | None,
-                   check_batches: tuple[int, ...], force: bool, progress: Progress | None) -> ExportResult:
+                   check_batches: tuple[int, ...], force: bool, progress: Progress | None,
+                   sampling: str | None = None) -> ExportResult:
     """A timm or transformers model object: its weights and what it is written as a checkpoint folder inside the
     model folder (model.readers.objects), exported like any checkpoint, and checked against the object's own forward."""
     import shutil
@@ -131,7 +134,7 @@ def _export_object(obj: object, *, output: str | Path | None, dynamic_img_size: 
         if not existed:
             final.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(staged), str(final))
-    opts = _export_options(check_batches, force, outputs, opset, atol,
+    opts = _export_options(check_batches, force, outputs, opset, atol, sampling=sampling,
                            reference=lambda x, names: [object_output(held, module, x, n) for n in names],
                            reference_outputs=OBJECT_OUTPUTS[held.kind], reference_name=what)
     try:

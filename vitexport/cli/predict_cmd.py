@@ -60,10 +60,13 @@ def _split_target(paths: tuple[Path, ...]) -> tuple[Path | None, list[Path]]:
               help="SAM: a point prompt in the image's pixels, LABEL 1 foreground (default) or 0 background; "
                    "repeatable.")
 @click.option("--box", default=None, metavar="X0,Y0,X1,Y1", help="SAM: a box prompt in the image's pixels.")
+@click.option("--threshold", type=click.FloatRange(0, 1), default=None,
+              help="A detector: the score a detection must pass to be kept. Default: the model's (0.5 for RF-DETR).")
 @use(MODEL, QUIET)
-def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddings_out, out_dir, points, box, spec,
-                    log):
-    """Classify images with the model's own preprocessing: top-k classes and their probabilities.
+def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddings_out, out_dir, points, box,
+                    threshold, spec, log):
+    """Run a model on images with its own preprocessing: a classifier's top-k classes, a depth or segmentation
+    model's maps and a detector's boxes (--out-dir), SAM's masks for prompts, or embeddings.
 
     MODEL_DIR is an exported model folder (or its model.onnx). Without it, the folder of --model
     (default: the default model) is used, exported first if absent. Folders are searched for images
@@ -90,6 +93,11 @@ def predict_command(paths, precision, backend, top_k, as_json, as_jsonl, embeddi
     task = folder.read_manifest().dense_task
     if (prompts or box_prompt) and task != "masks":
         raise click.UsageError("--point and --box are prompts for a Segment Anything model with its decoder graph.")
+    if threshold is not None and task != "detection":
+        raise click.UsageError("--threshold is a detector's score threshold; this model is no detector.")
+    if task == "detection":
+        _detections(folder, images, backend, precision, out_dir, threshold, as_json, log)
+        return
     if task == "masks" and embeddings_out is None:
         _masks(folder, images, backend, precision, out_dir, prompts, box_prompt, as_json, log)
         return
@@ -144,6 +152,25 @@ def _masks(folder, images, backend, precision, out_dir, points, box, as_json, lo
         raise click.UsageError(f"{folder.path} holds a Segment Anything model: give --out-dir DIR for its masks (and "
                                f"--point/--box prompts), or --embeddings OUT.npy for its image embeddings.")
     results = iter_masks(folder, images, out_dir, points, box, backend=backend, precision=precision, log=log)
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in results]))
+        return
+    for r in results:
+        click.echo(json.dumps(r.to_dict()))
+
+
+def _detections(folder, images, backend, precision, out_dir, threshold, as_json, log) -> None:
+    """A detector's boxes drawn into --out-dir with COCO's results file, one JSON line per image (a list with
+    --json)."""
+    import json
+
+    from ..deploy.detect import iter_detections
+
+    if out_dir is None:
+        raise click.UsageError(f"{folder.path} holds a detector: give --out-dir DIR for its pictures and COCO "
+                               f"results file (detections.json).")
+    results = iter_detections(folder, images, out_dir, threshold=threshold, backend=backend, precision=precision,
+                              log=log)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in results]))
         return

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ...errors import VitexportError
 from ..heads.config import DenseConfig
 from .hf_configs import ACTIVATIONS, FAMILIES, HALF, IMAGENET_MEAN, IMAGENET_STD, Described, Family, Processing, \
-    describe, mlp_ratio, processor_preprocess
+    mlp_ratio, processor_preprocess
 
 # DepthAnythingConfig's defaults (configuration_depth_anything.py), and the DINOv2 backbone it makes when a config
 # has no backbone_config at all (its sub-config spec's init_kwargs)
@@ -271,24 +271,3 @@ def _eomt(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str, fam
         notes.append(f"{where}'s processor splits an image into overlapping windows; vitexport fits each image into "
                      f"one {size[0]}x{size[1]} window, padded below and right.")
     return Described(fam, fields, replace(pp, crop_mode="pad", crop_pct=1.0), [*more, *notes])
-
-
-def describe_transformers(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) -> Described:
-    """Any transformers config vitexport builds: a dense model's here, a vision tower's by `hf_configs`; one
-    sentence naming every model type it builds for another."""
-    from .hf_detection import DETECTION_FAMILIES, NOT_BUILT as DETECTORS_NOT_BUILT, describe_detection
-    from .hf_sam import NOT_BUILT, SAM_FAMILIES, describe_sam
-
-    model_type = cfg.get("model_type")
-    if model_type in DENSE_FAMILIES:
-        return describe_dense(cfg, processor, where)
-    if model_type in DETECTION_FAMILIES or model_type in DETECTORS_NOT_BUILT:
-        return describe_detection(cfg, processor, where)
-    if model_type in SAM_FAMILIES or model_type in NOT_BUILT:
-        return describe_sam(cfg, processor, where)
-    if model_type not in FAMILIES:
-        every = [*FAMILIES.values(), *DENSE_FAMILIES.values(), *SAM_FAMILIES.values(), *DETECTION_FAMILIES.values()]
-        kinds = ", ".join(sorted({f.title for f in every}))
-        raise VitexportError(f"{where} is a transformers {model_type!r} model; vitexport builds the vision "
-                             f"transformers {kinds} (model_type {', '.join(f.model_type for f in every)}).")
-    return describe(cfg, processor, where)

@@ -383,7 +383,7 @@ def _known(arch: str) -> bool:
 
 
 def _describe_transformers(cfg: dict[str, Any], processor: dict[str, Any] | None, where: str) -> HubModel:
-    from .hf_dense import describe_transformers as describe_hf
+    from .hf_models import describe_transformers as describe_hf
 
     d = describe_hf(cfg, processor, where)
     arch = ",".join(str(a) for a in (cfg.get("architectures") or [])) or d.family.model_type

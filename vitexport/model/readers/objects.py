@@ -34,7 +34,7 @@ SOURCE_DIR = "source"  # in a model folder: the checkpoints written from model o
 PREPROCESS_KEYS = ("mean", "std", "crop_pct", "interpolation", "crop_mode")
 # the exported outputs an object's own forward gives as vitexport computes them (model.outputs): a transformers
 # tower's last_hidden_state is not always after the final norm (CLIP's is before it), so its tokens are not judged
-OBJECT_OUTPUTS = {"timm": ("logits", "pooled", "tokens"), "transformers": ("logits", "pooled")}
+OBJECT_OUTPUTS = {"timm": ("logits", "pooled", "tokens"), "transformers": ("logits", "pooled", "pred_boxes")}
 
 
 @dataclass
@@ -182,7 +182,8 @@ def object_output(held: HeldModel, module: "torch.nn.Module", x: "torch.Tensor",
                 raise VitexportError(f"the {output!r} output is not one a timm model's forward gives")
         else:
             out = module(pixel_values=x)
-            fields = {"logits": ("logits",), "pooled": ("image_embeds", "pooler_output")}.get(output, ())
+            fields = {"logits": ("logits",), "pooled": ("image_embeds", "pooler_output"),
+                      "pred_boxes": ("pred_boxes",)}.get(output, ())
             y = next((getattr(out, f) for f in fields if getattr(out, f, None) is not None), None)
             if y is None:
                 raise VitexportError(f"the {output!r} output is not one {type(module).__name__}'s forward gives")
