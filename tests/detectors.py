@@ -3,6 +3,7 @@ that a tensor tolerance could miss but a detector's task must not."""
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -91,3 +92,55 @@ def with_wrong_export(folder, dst, how: str, num_labels: int):
     manifest["onnx_sha256"], manifest["onnx_bytes"] = sha256_file(path), path.stat().st_size
     (dst / "manifest.json").write_text(json.dumps(manifest))
     return dst
+
+
+# -- a detector that finds something: RF-DETR at the tiny size trained on coloured squares ---------------------------
+SQUARES_MODEL = Path(__file__).resolve().parent / "fixtures" / "rf-detr-squares"  # scripts/train_tiny_detector.py
+SQUARE_COLOURS = np.array([[230, 40, 40], [40, 200, 60], [50, 80, 230]], np.float32)  # labels 1, 2, 3
+SQUARE_NAMES = ("red square", "green square", "blue square")
+
+
+def squares(n: int, rng, size: int = 64):
+    """n images (n, size, size, 3) uint8 of noise with 1 to 3 squares of a colour each (10 to 27 pixels a side),
+    their boxes ((k, 4) cx, cy, w, h normalised) and labels ((k,), 1..3)."""
+    images, boxes, labels = [], [], []
+    for _ in range(n):
+        img = rng.normal(120, 30, (size, size, 3)).clip(0, 255).astype(np.float32)
+        b, lab = [], []
+        for _ in range(int(rng.integers(1, 4))):
+            s = int(rng.integers(10, 28))
+            x, y = (int(v) for v in rng.integers(0, size - s, 2))
+            c = int(rng.integers(0, 3))
+            img[y:y + s, x:x + s] = SQUARE_COLOURS[c] + rng.normal(0, 10, 3)
+            b.append([(x + s / 2) / size, (y + s / 2) / size, s / size, s / size])
+            lab.append(c + 1)
+        images.append(img.clip(0, 255).round().astype(np.uint8))
+        boxes.append(np.array(b, np.float64))
+        labels.append(np.array(lab, np.int64))
+    return np.stack(images), boxes, labels
+
+
+def squares_set(folder: Path, n: int, seed: int = 1, size: int = 64) -> Path:
+    """A labelled detection set of `squares`: folder/images/NNN.png, COCO's instances.json (category ids the
+    model's labels, named as its id2label names them) and YOLO labels (folder/labels/NNN.txt, class = the label;
+    classes.txt names class 0 'none', the unused label 0)."""
+    from PIL import Image
+
+    images, boxes, labels = squares(n, np.random.default_rng(seed), size)
+    (folder / "images").mkdir(parents=True)
+    (folder / "labels").mkdir()
+    recs, anns = [], []
+    for i, (img, b, lab) in enumerate(zip(images, boxes, labels)):
+        name = f"{i:03d}.png"
+        Image.fromarray(img).save(folder / "images" / name)
+        recs.append({"id": i + 1, "file_name": name, "width": size, "height": size})
+        px = b * size
+        for (cx, cy, w, h), c in zip(px, lab):
+            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": int(c), "iscrowd": 0,
+                         "bbox": [cx - w / 2, cy - h / 2, w, h], "area": w * h})
+        (folder / "labels" / f"{i:03d}.txt").write_text(
+            "".join(f"{c} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n" for (cx, cy, w, h), c in zip(b, lab)))
+    cats = [{"id": c + 1, "name": name} for c, name in enumerate(SQUARE_NAMES)]
+    (folder / "instances.json").write_text(json.dumps({"images": recs, "annotations": anns, "categories": cats}))
+    (folder / "classes.txt").write_text("\n".join(("none", *SQUARE_NAMES)) + "\n")
+    return folder

@@ -204,3 +204,25 @@ def test_what_rf_detr_cannot_run_is_one_sentence(tmp_path):
         (cfg / "config.json").write_text(json.dumps({"model_type": model_type}))
         (cfg / "model.safetensors").write_bytes(b"")
         fails_cleanly(export(cfg, tmp_path / f"o-{model_type}"), what)
+
+
+def test_a_near_tie_in_the_topk_moves_a_few_queries_and_no_more():
+    """The export check of a detector leaves out the few queries of an image that took another proposal (two
+    proposals within float rounding swap in the two-stage TopK), and judges a graph whose queries moved wholesale
+    as it is."""
+    from vitexport.exporter.check import MOVED_MIN, moved_queries
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(3, 300, 11)).astype(np.float32)
+    out = ref + rng.normal(scale=1e-7, size=ref.shape).astype(np.float32)
+    assert not moved_queries(ref, out, 1e-4).any()
+    swapped = out.copy()
+    swapped[1, [7, 8]] = swapped[1, [8, 7]]  # two queries' proposals swapped in one image
+    moved = moved_queries(ref, swapped, 1e-4)
+    assert moved is not None and moved.sum() == 2 and moved[1, 7] and moved[1, 8]
+    wrong = out.copy()
+    wrong[..., -4:] *= 2  # every box twice its size: every query moved
+    assert moved_queries(ref, wrong, 1e-4) is None
+    many = out.copy()
+    many[0, :max(MOVED_MIN, 6) + 1] += 1.0
+    assert moved_queries(ref, many, 1e-4) is None

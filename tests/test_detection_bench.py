@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from conftest import ROOT
-from detectors import TINY, save_rf_detr, with_wrong_export
+from detectors import SQUARES_MODEL, TINY, save_rf_detr, squares_set, with_wrong_export
 
 from vitexport.cli import cli
 
@@ -169,3 +169,66 @@ def test_predict_writes_coco_results_and_pictures(detector, tmp_path):
         assert len(gt.loadRes(str(out / "detections.json")).getAnnIds()) == len(results)
     again = CliRunner().invoke(cli, ["predict", str(detector), str(photos[0]), "--out-dir", str(out), "-q"])
     assert again.exit_code == 2 and "already exists" in again.output
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The tiny detector trained on coloured squares (tests/fixtures, scripts/train_tiny_detector.py), exported, with
+    a set of fresh squares labelled in COCO's JSON and YOLO's text files."""
+    tmp = tmp_path_factory.mktemp("trained-detector")
+    r = CliRunner().invoke(cli, ["onnx", "-c", str(SQUARES_MODEL), "-o", str(tmp / "out"), "-q"])
+    assert r.exit_code == 0, r.output
+    return tmp / "out", squares_set(tmp / "squares", 40)
+
+
+def test_a_trained_detector_is_judged_against_the_truth_on_every_row(trained, tmp_path):
+    """Its detections score a real mAP against the squares' truth (the reference's own figure, no pseudo-truth),
+    read by name from the COCO JSON and by number from YOLO's labels; every FP32 row agrees with the reference on
+    every figure; the INT8 rows are judged by the same figures."""
+    out, data = trained
+    r = CliRunner().invoke(cli, ["quantize", str(out), "--int8", "--calib-data", str(data / "images"), "-q"])
+    assert r.exit_code == 0, r.output
+    for extra, how in ((("--annotations", str(data / "instances.json")), "by name"), ((), "by name")):
+        report = tmp_path / f"{how}.json"
+        r = CliRunner().invoke(cli, ["bench", str(out), "--data", str(data), *extra, "--batch", "8",
+                                     "--iterations", "1", "--min-time", "0", "--warmup", "0", "--no-prepare",
+                                     "--backend", "pytorch cpu fp32", "--backend", "onnxruntime", "--backend",
+                                     "openvino", "--json", str(report)])
+        assert r.exit_code == 0, r.output
+        assert f"the categories read as the model's labels {how}" in " ".join(r.output.split())
+        rows = {row["name"]: row for row in json.loads(report.read_text())["results"] if row["available"]}
+        assert {"onnxruntime cpu fp32", "onnxruntime cpu int8", "openvino cpu int8"} <= set(rows)
+        for name, row in rows.items():
+            st = row["parity"]
+            truth = st["truth"]
+            assert truth["n"] == 40 and 0.4 < truth["map"]["reference"] < 0.95, (name, truth["map"])
+            assert truth["map_50"]["reference"] > 0.7, name
+            assert {"map_small", "map_medium"} & set(truth), name
+            if "fp32" in name:
+                assert st["map"] > 0.99 and abs(truth["map"]["diff"]) < 1e-3, name
+            else:  # INT8 keeps the squares it found
+                assert st["map"] > 0.7 and truth["map"]["diff_ci"][0] < 0.0 < truth["map"]["diff_ci"][1] + 0.05, name
+
+
+@pytest.mark.e2e
+def test_every_precision_and_target_of_a_trained_detector_passes_its_map_check(trained, tmp_path):
+    """quantize --fp16/--int8 --target all and --fp8, openvino --precision int8, aoti and triton on the trained
+    detector: each succeeds and its check (the manifest's) reports mAP against FP32."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(trained[0], out)
+    data = trained[1] / "images"
+    for args in (["quantize", str(out), "--fp16", "--target", "all", "--calib-data", str(data), "--check-data", str(data)],
+                 ["quantize", str(out), "--int8", "--target", "all", "--calib-data", str(data), "--check-data", str(data)],
+                 ["quantize", str(out), "--fp8", "--calib-data", str(data), "--check-data", str(data)],
+                 ["openvino", str(out), "--precision", "int8"], ["aoti", str(out), "--precision", "bf16"],
+                 ["triton", str(out), "-o", str(tmp_path / "repo")]):
+        r = CliRunner().invoke(cli, [*args, "-q"])
+        assert r.exit_code == 0, (args, r.output)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for kind, rec in manifest["precisions"].items():
+        check = rec.get("check") or {}
+        stats = check.get("stats", check)
+        assert stats.get("dense") == "detection" and stats.get("map", 0) > 0.7, (kind, check)
+    assert (tmp_path / "repo" / "model-fp32" / "config.pbtxt").is_file()

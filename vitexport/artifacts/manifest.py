@@ -71,15 +71,18 @@ class BatchCheck:
     stats: ParityStats
     passed: bool
     img_size: tuple[int, int] | None = None  # a dynamic-size export: the image size of this check
+    moved_queries: int | None = None  # a detector: its image's queries that took another proposal (a TopK near-tie)
 
     def to_dict(self) -> dict:
         size = {} if self.img_size is None else {"img_size": list(self.img_size)}
-        return {"batch": self.batch, **size, "passed": self.passed, **self.stats.to_dict()}
+        moved = {} if self.moved_queries is None else {"moved_queries": self.moved_queries}
+        return {"batch": self.batch, **size, "passed": self.passed, **moved, **self.stats.to_dict()}
 
     @classmethod
     def from_fields(cls, f: _Fields) -> "BatchCheck":
         size = f.opt("img_size", list)
-        return cls(f.req("batch", int), _stats(f), f.req("passed", bool), None if size is None else tuple(size))
+        return cls(f.req("batch", int), _stats(f), f.req("passed", bool), None if size is None else tuple(size),
+                   f.opt("moved_queries", int))
 
 
 @dataclass

@@ -20,7 +20,7 @@ from ..parity.compare import EXPORT_THRESHOLDS, export_thresholds
 from ..paths import sha256_file
 from ..preflight import check_export, check_opset
 from ..progress import QUIET, Log
-from .check import check_onnx, check_onnx_against_torch, require_parity
+from .check import check_onnx, check_onnx_against_torch, ranks_queries, require_parity
 from .decoder import io_shapes, staged_decoder
 from ..model.outputs import default_outputs, parse_outputs, primary
 from ..model.outputs import shapes as output_shapes
@@ -172,7 +172,7 @@ def _export_into(folder: ModelFolder, spec: ModelSpec, built: BuiltModel, opts: 
             with log.step(f"Checking ONNX Runtime against {opts.reference_name} at batch {batches}"):
                 object_checks = check_onnx(staged, lambda x: reference(x, names), names, cfg.in_chans,
                                            [cfg.img_size], opts.check_batches, thresholds, log=log,
-                                           against=opts.reference_name)
+                                           against=opts.reference_name, ranked=ranks_queries(cfg))
             require_parity(object_checks, thresholds, opts.reference_name)
         decoder = getattr(built.model, "decoder", None)
         if decoder is not None:  # SAM: the prompt encoder and mask decoder, moved into place with the encoder
