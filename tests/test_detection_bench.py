@@ -218,10 +218,10 @@ def test_every_precision_and_target_of_a_trained_detector_passes_its_map_check(t
 
     out = tmp_path / "out"
     shutil.copytree(trained[0], out)
-    data = trained[1] / "images"
-    for args in (["quantize", str(out), "--fp16", "--target", "all", "--calib-data", str(data), "--check-data", str(data)],
-                 ["quantize", str(out), "--int8", "--target", "all", "--calib-data", str(data), "--check-data", str(data)],
-                 ["quantize", str(out), "--fp8", "--calib-data", str(data), "--check-data", str(data)],
+    data, held_out = trained[1] / "images", squares_set(tmp_path / "held-out", 24, seed=2) / "images"
+    sets = ["--calib-data", str(data), "--check-data", str(held_out)]
+    for args in (["quantize", str(out), "--fp16", "--target", "all", *sets],
+                 ["quantize", str(out), "--int8", "--target", "all", *sets], ["quantize", str(out), "--fp8", *sets],
                  ["openvino", str(out), "--precision", "int8"], ["aoti", str(out), "--precision", "bf16"],
                  ["triton", str(out), "-o", str(tmp_path / "repo")]):
         r = CliRunner().invoke(cli, [*args, "-q"])
@@ -231,4 +231,8 @@ def test_every_precision_and_target_of_a_trained_detector_passes_its_map_check(t
         check = rec.get("check") or {}
         stats = check.get("stats", check)
         assert stats.get("dense") == "detection" and stats.get("map", 0) > 0.7, (kind, check)
-    assert (tmp_path / "repo" / "model-fp32" / "config.pbtxt").is_file()
+    assert {"fp16", "fp16-trt", "int8", "int8-trt", "fp8", "openvino-int8", "aoti-bf16"} <= set(manifest["precisions"])
+    entry = tmp_path / "repo" / "rf-detr-squares-fp32"
+    config = (entry / "config.pbtxt").read_text()
+    assert all(f'name: "{o}"' in config for o in ("query_outputs", "logits", "pred_boxes"))
+    assert (entry / "1" / "model.onnx").is_file()
