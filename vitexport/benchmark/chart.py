@@ -48,7 +48,8 @@ def y_figure(d: dict) -> tuple[str, str]:
     if dense:
         return {"depth": ("delta1", "delta1 against the reference, %"),
                 "segmentation": ("pixel_agree", "pixel agreement with the reference, %"),
-                "masks": ("mask_iou", "mask IoU against the reference's masks, %")}[dense]
+                "masks": ("mask_iou", "mask IoU against the reference's masks, %"),
+                "detection": ("map", "mAP against the reference's detections, %")}[dense]
     if data.get("embeddings"):
         return ("knn_acc", "k-NN top-1, %") if data["embeddings"].get("labelled") else \
             ("neighbour_agree", "nearest neighbour the reference's, %")

@@ -80,6 +80,7 @@ def figure_columns(d: dict) -> list[tuple[str, str]]:
     cols = {"delta1": [("absrel", "AbsRel (95% CI)"), ("delta1", "delta1 % (95% CI)")],
             "pixel_agree": [("pixel_agree", "pixel agree % (95% CI)"), ("miou", "mIoU % (95% CI)")],
             "mask_iou": [("mask_iou", "mask IoU % (95% CI)"), ("mask_iou_min", "worst prompt %")],
+            "map": [("map", "mAP % (95% CI)"), ("map_50", "AP50 % (95% CI)"), ("box_iou", "box IoU % (95% CI)")],
             "knn_acc": [("neighbour_agree", "same neighbour % (95% CI)"), ("knn_acc", "k-NN top-1 % (95% CI)")],
             "neighbour_agree": [("neighbour_agree", "same neighbour % (95% CI)")],
             "acc": [("top1_agree", "top-1 agree % (95% CI)"), ("acc", "top-1 acc % (95% CI)")],
@@ -246,8 +247,8 @@ def _flip_card(e: dict, pictures: dict) -> str:
 
 
 def _dense_card(e: dict, pictures: dict) -> str:
-    shown = ", ".join(f"{k} {e[k]:.4f}" for k in ("absrel", "delta1", "pixel_agree", "mask_iou", "mask_iou_min")
-                      if k in e)
+    shown = ", ".join(f"{k} {e[k]:.4f}" for k in ("absrel", "delta1", "pixel_agree", "mask_iou", "mask_iou_min",
+                                                   "box_iou", "score_diff") if k in e)
     pic = pictures.get(str(e["index"]), {})
     maps = e.get("maps")
     figs = "" if not maps else "".join(

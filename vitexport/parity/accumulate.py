@@ -85,7 +85,7 @@ class ParityAccumulator:
         if truth.dense == "detection":
             if truth.detection is None:
                 raise ValueError("a detector's figures need its DetectionSettings")
-            self.dense_figures = DetectionAccumulator(self.n, truth.detection, truth.read_truth)
+            self.dense_figures = DetectionAccumulator(self.n, truth.detection, truth.read_truth, self.worst)
         elif truth.dense is not None:
             self.dense_figures = DenseAccumulator(truth.dense, self.n, truth.read_truth, truth.relative_depth,
                                                   truth.image_part, truth.masks, self.worst)

@@ -22,6 +22,7 @@ import numpy as np
 
 from .boxes import cxcywh_to_xyxy
 from .coco import CocoEval, box_iou, bootstrap
+from .examples import Worst, detection_pictures
 from .stats import mean_interval
 
 
@@ -99,8 +100,9 @@ TRUTH_KEYS = ("map", "map_50", "map_small", "map_medium", "map_large")
 
 class DetectionAccumulator:
     def __init__(self, n: int, settings: DetectionSettings,
-                 read_truth: Callable[[int], object | None] | None = None) -> None:
+                 read_truth: Callable[[int], object | None] | None = None, worst: Worst | None = None) -> None:
         self.n, self.s, self.read_truth = n, settings, read_truth
+        self.worst = worst  # the images whose detections differ most from the reference's (parity.examples)
         self.coco = CocoEval()
         self.iou, self.score_diff = np.zeros(n), np.zeros(n)
         self.truth_evals: tuple[CocoEval, CocoEval] | None = None
@@ -117,8 +119,18 @@ class DetectionAccumulator:
             truth = r.above(s.threshold)
             self.coco.add(truth.boxes, truth.labels, o.boxes, o.scores, o.labels)
             self.iou[start + i], self.score_diff[start + i] = matched_boxes(truth, o)
+            self._offer(start + i, truth, o.above(s.threshold))
             if self.read_truth is not None:
                 self._against_truth(start + i, ref[i:i + 1], out[i:i + 1])
+
+    def _offer(self, i: int, ref: Detections, out: Detections) -> None:
+        """An image for the report, worst first by its matched box IoU (the reference's boxes against the row's)."""
+        if self.worst is None:
+            return
+        iou, diff = float(self.iou[i]), float(self.score_diff[i])
+        self.worst.offer(1.0 - iou + diff / 10, lambda: {"index": i, "score": 1.0 - iou, "box_iou": iou,
+                                                          "score_diff": diff,
+                                                          "maps": detection_pictures(ref, out, self.s.size)})
 
     def _against_truth(self, i: int, ref: np.ndarray, out: np.ndarray) -> None:
         """Both backends' detections at the image's own size against its ground truth (data.detection_truth)."""

@@ -137,6 +137,31 @@ def segmentation_pictures(ref: np.ndarray, out: np.ndarray) -> dict:
             "error_what": "pixels whose class differs (share of the image)"}
 
 
+def boxes_picture(boxes: np.ndarray, labels: np.ndarray, size: tuple[int, int], colour=None,
+                  canvas: np.ndarray | None = None) -> np.ndarray:
+    """(H, W, 3) uint8: x0, y0, x1, y1 boxes outlined (each in its class's colour, or `colour`) on a dark canvas."""
+    from PIL import Image, ImageDraw
+
+    img = Image.fromarray(canvas if canvas is not None else np.full((*size, 3), 40, np.uint8))
+    pen = ImageDraw.Draw(img)
+    pal = palette(int(labels.max()) + 1 if len(labels) else 1)
+    for b, c in zip(np.asarray(boxes, np.float64).tolist(), np.asarray(labels).tolist()):
+        pen.rectangle(b, outline=tuple(int(v) for v in (colour if colour is not None else pal[c])),
+                      width=max(1, round(max(size) / 96)))
+    return np.asarray(img)
+
+
+def detection_pictures(ref, out, size: tuple[int, int]) -> dict:
+    """An image's detections (parity.detections.Detections above the threshold): the reference's boxes, the row's,
+    and both over each other (the reference's green, the row's red)."""
+    both = boxes_picture(ref.boxes, ref.labels, size, (60, 220, 90))
+    both = boxes_picture(out.boxes, out.labels, size, (240, 60, 60), canvas=both)
+    return {"reference": png_uri(boxes_picture(ref.boxes, ref.labels, size)),
+            "output": png_uri(boxes_picture(out.boxes, out.labels, size)), "error": png_uri(both),
+            "error_max": float(len(out.boxes)), "error_what": "the reference's boxes (green) and this row's (red); "
+                                                              "its boxes above the threshold"}
+
+
 def offer_dense(worst: Worst, kind: str, start: int, ref: np.ndarray, out: np.ndarray, scores: np.ndarray,
                 figures: dict[str, np.ndarray]) -> None:
     """A batch of dense outputs, each scored by how far it is from the reference (higher: worse); `figures` the
