@@ -307,7 +307,10 @@ def write(rows: list[dict], baseline: tuple[float, float], path: Path) -> None:
              "keep the pixels as floats, so up to one 8-bit level apart; SigLIP2's on a square crop of the photo, as "
              "its patches; n/a: Depth Anything's processor keeps each photo's aspect ratio, and DPT-DINOv2's does not "
              "resize at all (it pads to a multiple of 14), which a fixed-size export does not: it resizes to its "
-             "input size).", "",
+             "input size; RF-DETR: judged on logits and pred_boxes by name, its graph leading with vitexport's "
+             "query_outputs; its processor resizes the float image with torch's bilinear without antialias, which "
+             "PIL's bilinear matches where both sides grow and not where one shrinks: nano's 384 from the photo's "
+             "451-pixel width).", "",
              f"transformers {transformers.__version__}, torch {torch.__version__}; {cpu_model()}, "
              f"{os.cpu_count()} cores. Memory baseline: `vitexport onnx -m vit_base_patch16_224` (timm's ViT-B/16 by "
              f"name, random weights) took {baseline[0]:.0f} s at a peak RSS of {baseline[1]:,.0f} MB.", "",

@@ -141,10 +141,12 @@ class Thresholds:
         undecided: list[str] = []
         if any(math.isnan(v) for v in (s.max_abs, s.cos_min)):
             return ["output has NaN/Inf"], []
-        if self.max_abs is not None and s.max_abs > self.max_abs:
-            fails.append(f"max abs diff {s.max_abs:.3g} > {self.max_abs:g}")
-        # a detector's logits and boxes side by side have no meaningful cosine: it is judged by its detections
+        # a detector is judged by its detections: its logits and boxes side by side have no meaningful cosine, and
+        # two proposals within rounding of each other swap in its two-stage TopK (the queries that take them change
+        # wholesale: a max abs of the logits' size between two FP32 runtimes)
         task = s.dense == "detection"
+        if self.max_abs is not None and s.max_abs > self.max_abs and not task:
+            fails.append(f"max abs diff {s.max_abs:.3g} > {self.max_abs:g}")
         if self.cos_min is not None and s.cos_min < self.cos_min and not task:
             fails.append(f"min cosine {s.cos_min:.5f} < {self.cos_min:g}")
         if self.cos_mean is not None and s.cos_mean < self.cos_mean and not task:
