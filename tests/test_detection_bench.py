@@ -236,3 +236,44 @@ def test_every_precision_and_target_of_a_trained_detector_passes_its_map_check(t
     config = (entry / "config.pbtxt").read_text()
     assert all(f'name: "{o}"' in config for o in ("query_outputs", "logits", "pred_boxes"))
     assert (entry / "1" / "model.onnx").is_file()
+
+
+def test_truth_files_that_cannot_be_used_are_one_sentence(trained, tmp_path):
+    """A JSON that is not COCO's, a box outside its image, a category the file does not list, categories that are
+    none of the model's labels: each one sentence naming the file, exit 2; a YOLO label file that cannot be read is
+    named and its image left without truth."""
+    out, data = trained
+    coco = json.loads((data / "instances.json").read_text())
+
+    def bench_with(ann, folder=data):
+        return CliRunner().invoke(cli, ["bench", str(out), "--data", str(folder), "--annotations", str(ann),
+                                        "--backend", "onnxruntime cpu fp32", "--batch", "8", "--iterations", "1",
+                                        "--min-time", "0", "--warmup", "0", "--no-prepare"])
+
+    cases = {"not-json.json": b"\xff\xfe{", "list.json": json.dumps([1, 2]).encode(),
+             "outside.json": json.dumps({**coco, "annotations": [{**coco["annotations"][0], "bbox": [50, 50, 40, 40]}]
+                                         }).encode(),
+             "unlisted.json": json.dumps({**coco, "annotations": [{**coco["annotations"][0], "category_id": 9}]
+                                          }).encode(),
+             "foreign.json": json.dumps({**coco, "categories": [{"id": 17, "name": "cat"}],
+                                         "annotations": [{**coco["annotations"][0], "category_id": 17}]}).encode()}
+    expected = {"not-json.json": "cannot be read as JSON", "list.json": "is not COCO's instances format",
+                "outside.json": "outside its 64x64 image", "unlisted.json": "which the file's categories do not list",
+                "foreign.json": "not among the model's 4 labels"}
+    for name, body in cases.items():
+        (tmp_path / name).write_bytes(body)
+        r = bench_with(tmp_path / name)
+        assert r.exit_code == 2 and expected[name] in r.output and "Traceback" not in r.output, (name, r.output)
+        assert str(tmp_path / name) in " ".join(r.output.split()), name
+    import shutil
+
+    yolo = tmp_path / "yolo"
+    shutil.copytree(data, yolo)
+    (yolo / "labels" / "003.txt").write_text("1 0.5 half 0.2 0.2\n")
+    r = CliRunner().invoke(cli, ["bench", str(out), "--data", str(yolo), "--backend", "onnxruntime cpu fp32",
+                                 "--batch", "8", "--iterations", "1", "--min-time", "0", "--warmup", "0",
+                                 "--no-prepare", "--json", str(tmp_path / "y.json")])
+    assert r.exit_code == 0, r.output
+    assert "Ground truth left out" in r.output and "003.txt" in r.output
+    rows = json.loads((tmp_path / "y.json").read_text())["results"]
+    assert next(x for x in rows if x["name"] == "onnxruntime cpu fp32")["parity"]["truth"]["n"] == 39
