@@ -207,10 +207,12 @@ class DetrHead(nn.Module):
     def forward(self, taps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         feature = self.projector(taps)  # (B, d, h, w)
         grid = (int(feature.shape[-2]), int(feature.shape[-1]))
-        memory = feature.flatten(2).transpose(1, 2)  # (B, h w, d)
+        # contiguous, as the Linears read them: PT2E's INT8 linear fusion (torchao) fails on an expanded or
+        # transposed activation of a symbolic batch
+        memory = feature.flatten(2).transpose(1, 2).contiguous()  # (B, h w, d)
         B = memory.shape[0]
         ref = refine_boxes(self.select(memory, grid), self.reference_point_embed.weight[None])  # (B, Q, 4)
-        x = self.query_feat.weight[None].expand(B, -1, -1)  # (B, Q, d)
+        x = self.query_feat.weight[None].repeat(B, 1, 1)  # (B, Q, d)
         h = self.decoder(x, ref, memory, [grid])
         return self.class_embed(h), refine_boxes(ref, self.bbox_embed(h))
 

@@ -74,7 +74,7 @@ def ms_deform_attn(value: torch.Tensor, shapes: list[tuple[int, int]], locations
         sampled.append(sample(v, loc, sampling))  # (B * M, D, Q, P)
     w = weights.transpose(1, 2).reshape(-1, 1, Q, L * P)  # (B * M, 1, Q, L * P)
     out = (torch.stack(sampled, dim=-2).flatten(-2) * w).sum(-1)  # (B * M, D, Q)
-    return out.reshape(-1, M * D, Q).transpose(1, 2)  # (B, Q, M * D)
+    return out.reshape(-1, M * D, Q).transpose(1, 2).contiguous()  # (B, Q, M * D), as the output Linear reads it
 
 
 __all__ = ["SAMPLINGS", "bilinear_gather", "ms_deform_attn", "sample"]
