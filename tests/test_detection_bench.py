@@ -277,3 +277,9 @@ def test_truth_files_that_cannot_be_used_are_one_sentence(trained, tmp_path):
     assert "Ground truth left out" in r.output and "003.txt" in r.output
     rows = json.loads((tmp_path / "y.json").read_text())["results"]
     assert next(x for x in rows if x["name"] == "onnxruntime cpu fp32")["parity"]["truth"]["n"] == 39
+
+
+def test_info_names_a_detector(trained):
+    r = CliRunner().invoke(cli, ["info", str(trained[0])])
+    assert r.exit_code == 0 and "RF-DETR detection (4 labels, 20 queries): query_outputs, logits, pred_boxes" in \
+        " ".join(r.output.split()), r.output

@@ -15,9 +15,12 @@ def _kind(m) -> str:
     dense = m.dense
     if dense is None:
         return f"{m.num_classes or 'no'} classes"
-    what = f"depth ({dense.get('depth_type', 'relative')})" if dense.get("task") == "depth" else \
-        f"segmentation ({dense.get('num_labels')} labels)"
-    return f"{ {'dpt': 'DPT', 'eomt': 'EoMT'}.get(dense.get('head', 'dpt'), '')} {what}: {', '.join(m.output_names)}"
+    task = dense.get("task")
+    what = f"depth ({dense.get('depth_type', 'relative')})" if task == "depth" else \
+        f"detection ({dense.get('num_labels')} labels, {dense.get('num_queries')} queries)" if task == "detection" \
+        else f"segmentation ({dense.get('num_labels')} labels)"
+    head = {'dpt': 'DPT', 'eomt': 'EoMT', 'rf_detr': 'RF-DETR'}.get(dense.get('head', 'dpt'), '')
+    return f"{head} {what}: {', '.join(m.output_names)}"
 
 
 def _describe(status) -> list[str]:
