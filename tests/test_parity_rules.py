@@ -260,9 +260,27 @@ def test_records_and_verdicts_as_reports_write_them():
     assert Thresholds(cos_min=0.5).to_dict() == {"max_abs": None, "cos_min": 0.5, "cos_mean": None,
                                                  "top1_agree": None, "acc_drop": None, "absrel": None,
                                                  "delta1": None, "pixel_agree": None, "miou": None,
-                                                 "mask_iou": None, "mask_iou_min": None}
+                                                 "mask_iou": None, "mask_iou_min": None, "map": None,
+                                                 "map_50": None, "box_iou": None}
     assert export_thresholds() is EXPORT_THRESHOLDS and EXPORT_THRESHOLDS.max_abs == 1e-4
     assert export_thresholds(3e-4) == replace(EXPORT_THRESHOLDS, max_abs=3e-4)
+
+
+def test_a_detector_is_judged_by_its_detections_not_its_tensors():
+    """A detector's row passes on its mAP whatever its cosine and max abs (a swapped pair of queries moves them), fails
+    on an mAP whose interval is below the bound, is undecided across it, and says so when the reference found
+    nothing to score against."""
+    th = Thresholds(max_abs=1e-3, cos_min=0.99999, map=0.99, map_50=0.995, box_iou=0.995)
+    swapped = _stats(dense="detection", max_abs=1.97, cos_min=0.9999, map=1.0, map_ci=[1.0, 1.0], map_50=1.0,
+                     map_50_ci=[1.0, 1.0], box_iou=0.999, box_iou_ci=[0.998, 1.0])
+    assert th.judge(swapped).status == "pass"
+    assert th.judge(replace(swapped, dense=None)).status == "fail"  # a classifier is held to its tensors
+    low = replace(swapped, map=0.5, map_ci=[0.4, 0.6])
+    assert th.judge(low).status == "fail" and "mAP 0.5 < 0.99" in th.judge(low).failures[0]
+    across = replace(swapped, map=0.99, map_ci=[0.98, 1.0])
+    assert th.judge(across).status == "inconclusive"
+    nothing = replace(swapped, map=None, map_ci=None, map_50=None, map_50_ci=None)
+    assert th.judge(nothing).status == "inconclusive" and "detects nothing" in th.judge(nothing).inconclusive[0]
 
 
 # -- the streamed figures at their edges ------------------------------------------------------------------------
